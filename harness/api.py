@@ -1,0 +1,77 @@
+"""The Python API: what a notebook user types. Heavy imports happen inside the functions."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from harness.registry import Registry, Spec
+
+if TYPE_CHECKING:
+    from harness.data import Task
+    from harness.train import RunResult
+
+
+def load_plugins(*files: str | os.PathLike[str], plugins: Any = (), **kwargs: Any) -> Registry:
+    """Load every plugin (entry points, local ``files``, in-process ``plugins``)."""
+    from harness import plugins as loader
+
+    return loader.load(files, plugins=plugins, **kwargs)
+
+
+def list_plugins(kind: str | None = None, *, registry: Registry | None = None) -> list[Spec]:
+    """Registered specs, optionally of one kind (attention, position, model, task)."""
+    reg = registry or load_plugins()
+    return [s for s in reg if kind is None or s.kind == kind]
+
+
+def create_task(name: str, *, seed: int = 0, registry: Registry | None = None, **params: Any) -> Task:
+    """Build a task by name: ``create_task("copy", length=32)``."""
+    from harness.params import resolve
+
+    spec = (registry or load_plugins()).get("task", name)
+    return spec.build(resolve(spec.config, params, f"task '{name}' params"), seed=seed)  # type: ignore[no-any-return]
+
+
+def create_model(
+    name: str,
+    *,
+    vocab_size: int,
+    max_length: int = 512,
+    task_kind: str = "lm",
+    num_classes: int | None = None,
+    attention: str | None = None,
+    position: str | None = None,
+    attention_params: dict[str, Any] | None = None,
+    position_params: dict[str, Any] | None = None,
+    registry: Registry | None = None,
+    **params: Any,
+) -> Any:
+    """Build a model (a plain ``nn.Module``) by name, with its attention and position scheme.
+
+    ``task_kind`` is the batch format the model will receive (``lm``, ``seq2seq`` or
+    ``classification``); ``max_length`` the longest input it will see in training.
+    """
+    from harness.build import build_model_from, resolve_model
+    from harness.config import ComponentConfig, ModelConfig
+    from harness.data import TaskInfo
+
+    def component(kind_name: str | None, kind_params: dict[str, Any] | None) -> Any:
+        return ComponentConfig(name=kind_name, params=kind_params or {}) if kind_name else None
+
+    cfg = ModelConfig(
+        name=name,
+        params=params,
+        attention=component(attention, attention_params),
+        position=component(position, position_params),
+    )
+    model, att, pos = resolve_model(registry or load_plugins(), cfg)
+    info = TaskInfo(kind=task_kind, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
+    return build_model_from(model, att, pos, info)
+
+
+def train(config: Any, **kwargs: Any) -> RunResult:
+    """Train one run from a config (path, dict or RunConfig); see :func:`harness.train.train`."""
+    from harness.train import train as _train
+
+    return _train(config, **kwargs)

@@ -1,0 +1,198 @@
+"""The ``harness`` command line.
+
+Commands import what they need when they run: ``harness --help`` and ``harness list``
+never import torch, lightning or mlflow. User errors (:class:`HarnessError`) print one
+paragraph and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.errors import HarnessError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _plugin_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
+                   help="load a local plugin file (repeatable)")
+
+
+def _tracking_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the "
+                        "project-local store in $HARNESS_HOME or ./.harness)")
+
+
+# -- list ------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    from harness.params import declared_params
+    from harness.plugins import load
+    from harness.registry import KINDS
+
+    registry = load(args.plugin)
+    kinds = [args.kind] if args.kind else list(KINDS)
+    out = []
+    for kind in kinds:
+        specs = registry.specs(kind)
+        out.append(f"{kind} ({len(specs)})")
+        for spec in specs:
+            out.append(f"  {spec.name:<22} {spec.description}")
+            if args.verbose:
+                out.append(f"      plugin: {spec.provenance()}")
+                for line in _declared(spec):
+                    out.append(f"      {line}")
+                for prm in declared_params(spec.config):
+                    rng = f"  search: {prm.range.describe()}" if prm.range else ""
+                    out.append(f"      {prm.name} = {prm.default!r}{rng}")
+        for name, owners in registry.conflicts(kind).items():
+            out.append(f"  {name:<22} CONFLICT: registered by "
+                       + " and ".join(s.provenance() for s in owners))
+    if registry.failures:
+        out.append("")
+        out.append(f"plugins that failed to load ({len(registry.failures)}):")
+        out.extend(f"  {f.describe()}" for f in registry.failures)
+    print("\n".join(out))
+    return 0
+
+
+def _declared(spec: Any) -> list[str]:
+    kind = spec.kind
+    if kind == "attention":
+        return [f"position hooks: {', '.join(sorted(spec.position_hooks)) or 'none'}"]
+    if kind == "position":
+        return [f"acts at: {', '.join(sorted(spec.hooks)) or 'nothing'}"
+                + ("" if spec.extrapolates else "; fixed length")]
+    if kind == "model":
+        uses = [u for u, flag in (("attention", spec.uses_attention), ("position", spec.uses_position)) if flag]
+        return [f"task kinds: {', '.join(sorted(spec.task_kinds))}; uses: {', '.join(uses) or 'neither'}"
+                + ("" if spec.extrapolates else "; fixed length")]
+    return [f"task kind: {spec.task_kind}"]
+
+
+# -- train -----------------------------------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    from harness.config import load_run_config
+
+    overrides = list(args.set)
+    for flag, key in (("task", "task.name"), ("model", "model.name"),
+                      ("attention", "model.attention.name"), ("position", "model.position.name"),
+                      ("max_steps", "train.max_steps"), ("seed", "train.seed"),
+                      ("experiment", "tracking.experiment")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.insert(0, f"{key}={value}")
+    if args.tracking_uri:
+        overrides.append(f"tracking.uri={args.tracking_uri}")
+    if args.no_progress:
+        overrides.append("train.progress=false")
+    if args.config is None and not any(o.startswith("task.name=") for o in overrides):
+        raise HarnessError("harness train needs a config file or --task and --model; "
+                           "try `harness train studies/quickstart_run.yaml`.")
+    cfg = load_run_config(args.config, overrides)
+    cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
+
+    from harness.train import train
+
+    result = train(cfg)
+    print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
+    for key in sorted(result.metrics):
+        print(f"  {key:<32} {result.metrics[key]:.4f}")
+    if result.not_applicable:
+        print(f"  not applicable at lengths: {', '.join(map(str, result.not_applicable))}")
+    print("browse it with `harness ui`")
+    return 0
+
+
+# -- ui --------------------------------------------------------------------------------
+def cmd_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from harness import tracking
+
+    uri = tracking.tracking_uri(args.tracking_uri)
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+           "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"]
+    if uri.startswith("sqlite:"):
+        cmd += ["--default-artifact-root", tracking.artifact_root().as_uri()]
+    print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri} (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+# -- parser ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harness",
+        description="Compare attention variants, position schemes and baselines fairly.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent("""\
+            examples:
+              harness list --verbose
+              harness train studies/quickstart_run.yaml
+              harness train --task copy --model transformer --attention multi_head --max-steps 200
+              harness ui
+            """),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list registered plugins")
+    p.add_argument("--kind", choices=["attention", "position", "model", "task"])
+    p.add_argument("--verbose", "-v", action="store_true", help="show hyper-parameters and declarations")
+    _plugin_args(p)
+    p.set_defaults(handler=cmd_list)
+
+    p = sub.add_parser("train", help="train one run from a YAML file and/or flags")
+    p.add_argument("config", nargs="?", help="run config YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set model.params.d_model=128")
+    for flag in ("task", "model", "attention", "position", "experiment"):
+        p.add_argument(f"--{flag}", default=None)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _plugin_args(p)
+    _tracking_args(p)
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("ui", help="the MLflow UI over the project's store, on 127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    _tracking_args(p)
+    p.set_defaults(handler=cmd_ui)
+
+    for extend in _EXTENSIONS:
+        extend(sub)
+    return parser
+
+
+#: Functions that add more sub-commands (study, report, bench); each takes the subparsers.
+_EXTENSIONS: list[Callable[[Any], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.handler(args))
+    except HarnessError as exc:
+        print(textwrap.fill(f"harness: error: {exc}", width=100), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("harness: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Tasks and batch formats.
+
+A task is plain Python (no torch at import): it generates or loads examples as lists of
+token ids, deterministically from its seed. The core turns examples into batches in one of
+three formats, fixed by the task kind:
+
+``lm``              ``tokens`` (B, L) model input, ``targets`` (B, L) next tokens,
+                    ``loss_mask`` (B, L) scored positions, ``padding_mask`` (B, L).
+                    Model call: ``model(tokens, padding_mask=...) -> (B, L, V)``.
+``seq2seq``         ``src`` (B, S), ``src_padding_mask``, ``tgt_in`` (B, T) (BOS + target
+                    shifted right), ``tgt_padding_mask``, ``targets`` (B, T), ``loss_mask``.
+                    Model call: ``model(src, tgt_in, src_padding_mask=..., tgt_padding_mask=...)
+                    -> (B, T, V)``.
+``classification``  ``tokens``, ``padding_mask``, ``targets`` (B,), ``loss_mask`` (B,).
+                    Model call: ``model(tokens, padding_mask=...) -> (B, C)``.
+
+``padding_mask`` is True at padding. Examples are dicts: ``{"tokens": [...], "loss_mask":
+[...]}`` (lm; ``loss_mask`` aligned with the targets ``tokens[1:]``, all scored if absent),
+``{"src": [...], "tgt": [...]}`` (seq2seq; ``tgt`` ends with EOS if the task wants the
+model to learn where to stop), ``{"tokens": [...], "label": int}`` (classification).
+
+A model that takes ``lm`` batches also serves ``seq2seq`` tasks: each example becomes
+``src SEP tgt`` and only the target is scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
+
+from harness.errors import IncompatibleError
+from harness.params import IntRange
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")
+PAD, BOS, EOS, SEP = range(len(SPECIALS))
+
+Example = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Special tokens first (ids 0-3: pad, bos, eos, sep), then the task's symbols."""
+
+    symbols: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(SPECIALS) + len(self.symbols)
+
+    @property
+    def first_symbol(self) -> int:
+        return len(SPECIALS)
+
+    def token(self, i: int) -> str:
+        return SPECIALS[i] if i < len(SPECIALS) else self.symbols[i - len(SPECIALS)]
+
+    def decode(self, ids: Sequence[int], sep: str = " ") -> str:
+        return sep.join(self.token(int(i)) for i in ids)
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task config has; a task's config subclasses this one."""
+
+    length: Annotated[int, IntRange(4, 4096, log=True)] = 16
+    eval_lengths: tuple[int, ...] = ()
+    num_train: int = 10_000
+    num_val: int = 500
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError("length must be positive")
+
+
+class Task:
+    """Base class of tasks. Subclasses set ``kind``, ``vocab`` and implement ``examples``.
+
+    ``length`` is the training length in the task's own unit (symbols to copy, characters
+    of context, ...); ``eval_lengths`` are the lengths evaluated after training (the
+    training length is always included).
+    """
+
+    kind: ClassVar[str] = "lm"
+    #: Log perplexity and bits per token (language-modelling tasks).
+    report_perplexity: ClassVar[bool] = False
+
+    def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
+        self.config = config
+        self.seed = seed
+        self.vocab = vocab
+        self.num_classes = num_classes
+        self._cache: dict[tuple[str, int], Sequence[Example]] = {}
+
+    @property
+    def train_length(self) -> int:
+        return self.config.length
+
+    @property
+    def eval_lengths(self) -> tuple[int, ...]:
+        return tuple(sorted({self.config.length, *self.config.eval_lengths}))
+
+    def split_size(self, split: str) -> int:
+        return self.config.num_train if split == "train" else self.config.num_val
+
+    def split_seed(self, split: str, length: int) -> int:
+        """A seed per (task seed, split, length): splits never share a random stream."""
+        return self.seed * 1_000_003 + {"train": 1, "val": 2, "test": 3}[split] * 10_007 + length
+
+    def examples(self, split: str, length: int) -> Sequence[Example]:
+        """The examples of ``split`` ("train", "val" or "test") at ``length`` (cached)."""
+        key = (split, length)
+        if key not in self._cache:
+            self._cache[key] = self.generate(split, length)
+        return self._cache[key]
+
+    def generate(self, split: str, length: int) -> Sequence[Example]:
+        raise NotImplementedError
+
+    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: str) -> dict[str, tuple[float, float]]:
+        """Task-specific metrics on one validation batch, as (sum, count) pairs that are
+        summed over batches. Default: none. (Greedy-decoding metrics such as phoneme error
+        rate go here.)"""
+        return {}
+
+
+@dataclass
+class TaskInfo:
+    """What a model factory learns about the task it will be trained on."""
+
+    kind: str  # the batch format the model receives
+    vocab_size: int
+    max_length: int  # the longest input the model sees at the training length
+    num_classes: int | None = None
+    pad_id: int = PAD
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def batch_format(task_kind: str, model_kinds: frozenset[str], model: str, task: str) -> str:
+    """The batch format a model receives for a task, or an IncompatibleError."""
+    if task_kind in model_kinds:
+        return task_kind
+    if task_kind == "seq2seq" and "lm" in model_kinds:
+        return "lm"
+    raise IncompatibleError(
+        f"model '{model}' cannot train on task '{task}': the task is of kind '{task_kind}' "
+        f"and the model supports {', '.join(sorted(model_kinds))}. Pick a model that supports "
+        f"'{task_kind}' (see `harness list --kind model --verbose`)."
+    )
+
+
+def as_lm(example: Example) -> Example:
+    """A seq2seq example as a decoder-only sequence ``src SEP tgt``; only tgt is scored."""
+    src, tgt = list(example["src"]), list(example["tgt"])
+    tokens = src + [SEP] + tgt
+    return {"tokens": tokens, "loss_mask": [i >= len(src) for i in range(len(tokens) - 1)]}
+
+
+def input_length(example: Example, fmt: str, task_kind: str) -> int:
+    """How many positions the model sees for one example (source side for seq2seq)."""
+    if fmt == "seq2seq":
+        return max(len(example["src"]), len(example["tgt"]))
+    if task_kind == "seq2seq":
+        example = as_lm(example)
+    n = len(example["tokens"])
+    return n - 1 if fmt == "lm" else n
+
+
+def collate(examples: Sequence[Example], fmt: str, task_kind: str) -> dict[str, Any]:
+    """Pad a list of examples into a batch of the given format (right padding)."""
+    import torch
+
+    def pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> Any:
+        n = max(len(s) for s in seqs)
+        return torch.tensor([list(s) + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
+
+    if fmt == "seq2seq":
+        src = pad([e["src"] for e in examples])
+        tgt = [list(e["tgt"]) for e in examples]
+        tgt_in = pad([[BOS] + t[:-1] for t in tgt])
+        targets = pad(tgt)
+        mask = pad([[1] * len(t) for t in tgt], 0).bool()
+        return {
+            "src": src,
+            "src_padding_mask": src == PAD,
+            "tgt_in": tgt_in,
+            "tgt_padding_mask": ~mask,
+            "targets": targets,
+            "loss_mask": mask,
+        }
+    if fmt == "classification":
+        tokens = pad([e["tokens"] for e in examples])
+        targets = torch.tensor([int(e["label"]) for e in examples], dtype=torch.long)
+        return {
+            "tokens": tokens,
+            "padding_mask": tokens == PAD,
+            "targets": targets,
+            "loss_mask": torch.ones_like(targets, dtype=torch.bool),
+        }
+    if task_kind == "seq2seq":
+        examples = [as_lm(e) for e in examples]
+    seqs = [list(e["tokens"]) for e in examples]
+    masks = [list(e.get("loss_mask") or [True] * (len(s) - 1)) for e, s in zip(examples, seqs)]
+    inputs = pad([s[:-1] for s in seqs])
+    return {
+        "tokens": inputs,
+        "padding_mask": pad([[0] * (len(s) - 1) for s in seqs], 1).bool(),
+        "targets": pad([s[1:] for s in seqs]),
+        "loss_mask": pad([[int(m) for m in ms] for ms in masks], 0).bool(),
+    }
+
+
+def run_model(model: Any, batch: dict[str, Any], fmt: str, **kwargs: Any) -> Any:
+    """Call a model on a batch of the given format."""
+    if fmt == "seq2seq":
+        return model(
+            batch["src"],
+            batch["tgt_in"],
+            src_padding_mask=batch["src_padding_mask"],
+            tgt_padding_mask=batch["tgt_padding_mask"],
+            **kwargs,
+        )
+    return model(batch["tokens"], padding_mask=batch["padding_mask"], **kwargs)

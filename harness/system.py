@@ -1,0 +1,170 @@
+"""One task-agnostic LightningModule (the *system*) and the DataModule that feeds it.
+
+The model is a plain ``nn.Module`` built from the registry; the system owns the loss
+(cross-entropy over the task's scored positions), optimisation (AdamW, linear warm-up,
+cosine decay), the non-finite-loss guard and metric logging. Validation runs one
+dataloader per evaluation length and logs ``val/<metric>_len<length>`` (MLflow forbids ``@``
+in metric names); the training length is also logged without suffix (``val/acc``), which is
+what studies optimise by default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from harness.config import TrainConfig
+from harness.data import Task, collate, run_model
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+class HarnessDataModule(L.LightningDataModule):
+    def __init__(self, task: Task, fmt: str, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
+        self.val_lengths: list[int] = [task.train_length]
+        self._collate = partial(collate, fmt=fmt, task_kind=task.kind)
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.task.examples("train", self.task.train_length)
+        gen = torch.Generator().manual_seed(self.seed)
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
+                          collate_fn=self._collate)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [
+            DataLoader(self.task.examples("val", n), batch_size=self.batch_size,  # type: ignore[arg-type]
+                       collate_fn=self._collate)
+            for n in self.val_lengths
+        ]
+
+
+def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+    """Loss and counts over the scored positions of a batch."""
+    mask = batch["loss_mask"]
+    targets = batch["targets"]
+    flat_logits = logits[mask].float()
+    flat_targets = targets[mask]
+    nll = F.cross_entropy(flat_logits, flat_targets, reduction="sum")
+    loss = F.cross_entropy(flat_logits, flat_targets, label_smoothing=label_smoothing)
+    pred = logits.argmax(-1)
+    correct = (pred == targets) & mask
+    if mask.dim() > 1:
+        exact = (correct | ~mask).all(dim=-1).float().sum()
+    else:
+        exact = correct.float().sum()
+    return {
+        "loss": loss,
+        "nll_sum": nll.detach(),
+        "tokens": mask.sum(),
+        "correct": correct.sum(),
+        "exact": exact,
+        "sequences": torch.tensor(mask.shape[0]),
+    }
+
+
+class HarnessSystem(L.LightningModule):
+    def __init__(self, model: torch.nn.Module, task: Task, fmt: str, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.model, self.task, self.fmt, self.cfg = model, task, fmt, cfg
+        self.val_lengths: list[int] = [task.train_length]
+        self._sums: dict[int, dict[str, float]] = {}
+        self.final_metrics: dict[str, float] = {}
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        return run_model(self.model, batch, self.fmt)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
+        loss = stats["loss"]
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"training loss became {loss.item()} at step {self.global_step}; lower the "
+                f"learning rate, raise warm-up, or enable gradient clipping."
+            )
+        bs = batch["targets"].shape[0]
+        self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=bs)
+        acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
+        self.log("train/acc", acc, on_step=True, batch_size=bs)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._sums = defaultdict(lambda: defaultdict(float))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        length = self.val_lengths[dataloader_idx]
+        stats = masked_stats(self(batch), batch)
+        sums = self._sums[length]
+        for key in ("nll_sum", "tokens", "correct", "exact", "sequences"):
+            sums[key] += float(stats[key])
+        for name, (total, count) in self.task.extra_metrics(self.model, batch, self.fmt).items():
+            sums[f"extra:{name}:sum"] += total
+            sums[f"extra:{name}:count"] += count
+
+    def on_validation_epoch_end(self) -> None:
+        for length, sums in self._sums.items():
+            metrics = summarize(sums, self.task.report_perplexity)
+            for name, value in metrics.items():
+                keys = [metric_key(name, length)]
+                if length == self.task.train_length:
+                    keys.append(f"val/{name}")
+                for key in keys:
+                    self.log(key, value, prog_bar=key in ("val/loss", "val/acc"))
+                    self.final_metrics[key] = value
+
+    def configure_optimizers(self) -> Any:
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.dim() < 2 or "embed" in name or "norm" in name else decay).append(p)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.cfg.lr,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, partial(warmup_cosine, warmup=self.cfg.warmup_steps, total=self.cfg.max_steps)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def metric_key(name: str, length: int) -> str:
+    """The MLflow key of a validation metric at an evaluation length: ``val/acc_len256``."""
+    return f"val/{name}_len{length}"
+
+
+def warmup_cosine(step: int, *, warmup: int, total: int) -> float:
+    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0.1 at ``total``."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def summarize(sums: dict[str, float], perplexity: bool) -> dict[str, float]:
+    tokens = max(sums["tokens"], 1.0)
+    loss = sums["nll_sum"] / tokens
+    out = {
+        "loss": loss,
+        "acc": sums["correct"] / tokens,
+        "exact": sums["exact"] / max(sums["sequences"], 1.0),
+    }
+    if perplexity:
+        out["ppl"] = math.exp(min(loss, 50.0))
+        out["bpc"] = loss / math.log(2)
+    for key, total in sums.items():
+        if key.startswith("extra:") and key.endswith(":sum"):
+            name = key[len("extra:"): -len(":sum")]
+            out[name] = total / max(sums[f"extra:{name}:count"], 1.0)
+    return out
