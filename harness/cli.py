@@ -8,6 +8,8 @@ paragraph and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 import textwrap
@@ -169,13 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     _tracking_args(p)
     p.set_defaults(handler=cmd_ui)
 
-    for extend in _EXTENSIONS:
-        extend(sub)
+    for module in EXTENSION_MODULES:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module).add_parsers(sub)
     return parser
 
 
-#: Functions that add more sub-commands (study, report, bench); each takes the subparsers.
-_EXTENSIONS: list[Callable[[Any], None]] = []
+#: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
+#: cheap modules at top level and imports heavy ones inside its handlers.
+EXTENSION_MODULES = ("harness.study_cli", "harness.bench_cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -166,8 +166,40 @@ def input_length(example: Example, fmt: str, task_kind: str) -> int:
     return n - 1 if fmt == "lm" else n
 
 
+def lm_windows(
+    stream: Sequence[int], length: int, count: int | None = None, score_last: int | None = None
+) -> list[Example]:
+    """Language-modelling examples cut from a token stream.
+
+    ``score_last=None``: non-overlapping windows of ``length`` predicted tokens, all scored.
+    ``score_last=k``: windows of ``length`` tokens advancing by ``k``, scoring only their
+    last ``k`` tokens (the "sliding" protocol of Press et al., 2022): every scored token
+    sees at least ``length - k`` tokens of context. ``count`` caps the number of windows.
+    """
+    stride = length if score_last is None else score_last
+    if not 0 < stride <= length:
+        raise ValueError(f"score_last must be in [1, {length}], got {score_last}")
+    out: list[Example] = []
+    start = 0
+    while start + length + 1 <= len(stream) and (count is None or len(out) < count):
+        tokens = list(stream[start: start + length + 1])
+        mask = [True] * length if score_last is None else [i >= length - stride for i in range(length)]
+        out.append({"tokens": tokens, "loss_mask": mask})
+        start += stride
+    return out
+
+
 def collate(examples: Sequence[Example], fmt: str, task_kind: str) -> dict[str, Any]:
-    """Pad a list of examples into a batch of the given format (right padding)."""
+    """Pad a list of examples into a batch of the given format (right padding).
+
+    The batch also carries the raw ``examples`` (a list), for metrics that decode.
+    """
+    batch = _collate_tensors(examples, fmt, task_kind)
+    batch["examples"] = list(examples)
+    return batch
+
+
+def _collate_tensors(examples: Sequence[Example], fmt: str, task_kind: str) -> dict[str, Any]:
     import torch
 
     def pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> Any:

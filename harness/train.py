@@ -273,7 +273,7 @@ def attention_maps(model: Any, task: Any, fmt: str, count: int = 2) -> list[list
     examples = list(task.examples("val", task.train_length)[:count])
     batch = collate(examples, fmt, task.kind)
     device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
     was_training = model.training
     model.eval()
     try:
