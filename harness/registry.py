@@ -79,7 +79,9 @@ class ModelSpec(Spec):
     is scored). ``uses_attention`` / ``uses_position``: whether the model takes an attention
     variant / position scheme (``attention_required=False``: the model also runs without
     one); ``default_attention`` / ``default_position``: used when the config names none.
-    ``extrapolates``: False for fixed-length models.
+    ``extrapolates``: False for fixed-length models. ``width_param``: the integer
+    hyper-parameter that sets the model's width (``d_model``, ``hidden``), which studies
+    adjust to match candidates by parameter count.
     """
 
     kind: ClassVar[str] = "model"
@@ -90,6 +92,7 @@ class ModelSpec(Spec):
     default_attention: str | None = None
     default_position: str | None = None
     extrapolates: bool = True
+    width_param: str | None = None
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,7 @@ def harness_register_model(register: Any) -> None:
             uses_position=True,
             default_attention="multi_head",
             default_position="sinusoidal",
+            width_param="d_model",
             description="Decoder-only (causal LM) or encoder Transformer; any attention x position.",
         )
     )
