@@ -14,6 +14,7 @@ cache's length, so incremental decoding sees the same positions as a full pass.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -49,3 +50,22 @@ class PositionScheme(nn.Module):
 
         ``q`` (B, H, Lq, Dqk) is given for query-dependent biases (Shaw et al.)."""
         return None
+
+
+def sinusoids(positions: Tensor, dim: int, base: float = 10_000.0) -> Tensor:
+    """(L, dim) float32 table of the Transformer's features for the given positions.
+
+    Column 2i is sin(p / base^(2i/dim)), column 2i+1 is cos(p / base^(2i/dim)). Computed on
+    the fly, so any position works. Shared by the schemes that add or concatenate them.
+    """
+    i = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
+    angles = positions.float()[:, None] / base ** (i / dim)[None, :]
+    table = torch.zeros(len(positions), dim, device=positions.device)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    return table
+
+
+def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """(Lq, Lk) offsets ``k_pos[j] - q_pos[i]``: negative for keys before the query."""
+    return k_pos[None, :] - q_pos[:, None]

@@ -1,7 +1,8 @@
 """``sinusoidal``: the Transformer's fixed sinusoids, added to token embeddings.
 
-PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)), computed on the fly
-for any position, so it runs at any length.
+PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)) (Vaswani et al., 2017),
+computed on the fly for any position (:func:`harness.nn.position.sinusoids`), so it runs at
+any length.
 """
 
 from __future__ import annotations
@@ -20,25 +21,13 @@ class SinusoidalConfig:
     base: Annotated[float, FloatRange(100.0, 100_000.0, log=True)] = 10_000.0
 
 
-def sinusoids(positions: Any, dim: int, base: float) -> Any:
-    """(L, dim) table of interleaved sin/cos features for the given positions."""
-    import torch
-
-    i = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
-    angles = positions.float()[:, None] / base ** (i / dim)[None, :]
-    table = torch.zeros(len(positions), dim, device=positions.device)
-    table[:, 0::2] = angles.sin()
-    table[:, 1::2] = angles.cos()[:, : dim // 2]
-    return table
-
-
 def build(config: SinusoidalConfig, *, d_model: int, **_: Any) -> Any:
     return module_class()(d_model, config.base)
 
 
 @cache
 def module_class() -> type:
-    from harness.nn.position import PositionScheme
+    from harness.nn.position import PositionScheme, sinusoids
 
     class Sinusoidal(PositionScheme):
         def __init__(self, d_model: int, base: float) -> None:

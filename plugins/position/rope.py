@@ -1,0 +1,165 @@
+"""``rope``: rotary position embeddings (Su et al., 2021), with context-extension options.
+
+Queries and keys of every head are rotated in D/2 planes; plane i turns by m·θ_i at
+position m, θ_i = base^(-2i/D), so q_m · k_n depends only on the offset m - n. Planes pair
+dimension i with i + D/2 (the "rotate half" layout of GPT-NeoX / Llama; the paper pairs
+2i with 2i+1, which is the same up to a fixed permutation of the projection outputs).
+
+Context extension by a scale factor s (``scaling``), for evaluating at lengths beyond the
+original length L (``original_length``; 0 means the training length this scheme was built
+for):
+
+* ``pi``   Position Interpolation (Chen et al., 2023): positions m -> m / s, i.e. θ_i / s.
+* ``ntk``  NTK-aware scaling: base -> base · s^(D/(D-2)).
+* ``yarn`` YaRN (Peng et al., 2023): with r_i = L / λ_i, λ_i = 2π/θ_i and the ramp
+  γ(r) = clamp((r - α)/(β - α), 0, 1), θ_i -> (1 - γ(r_i)) · θ_i / s + γ(r_i) · θ_i: planes
+  that turn fewer than α times over L are interpolated, those that turn more than β times
+  are kept, a linear blend between. Plus the attention temperature: the paper divides the
+  logits by t with sqrt(1/t) = 0.1 ln s + 1. As in the reference implementation (which
+  multiplies its cos/sin tables by this "mscale"), queries and keys are each multiplied by
+  0.1 ln s + 1, so every dot-product score is multiplied by 1/t = (0.1 ln s + 1)^2 whatever
+  the attention variant's own scaling, and it happens inside ``rotate`` so every variant
+  gets it. (For scores that are not a q·k dot product, e.g. additive attention, it is
+  only an input rescaling.) α and β are hyper-parameters: the paper's α = 1, β = 32 were
+  tuned for Llama's 2k-4k contexts and do not transfer to short training lengths, where
+  few planes complete 32 turns.
+
+``apply`` says when the extension acts: ``always`` (train and evaluate with it: the
+"with further training" setting) or ``past_train_length`` (plain RoPE until an input is
+longer than L, then extended: "without further training", for models trained plainly).
+In the latter mode, cached decoding that grows past L mixes keys rotated before and after
+the switch; evaluate such models with full passes (as the harness does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
+
+import harness
+from harness.params import Choice, FloatRange
+from harness.registry import PositionSpec
+
+SCALINGS = ("none", "pi", "ntk", "yarn")
+APPLY_MODES = ("always", "past_train_length")
+
+
+@dataclass
+class RopeConfig:
+    base: Annotated[float, FloatRange(100.0, 1_000_000.0, log=True)] = 10_000.0
+    scaling: Annotated[str, Choice(SCALINGS)] = "none"
+    scale: Annotated[float, FloatRange(1.0, 16.0, log=True)] = 1.0  # s (ignored when "none")
+    yarn_alpha: Annotated[float, FloatRange(0.25, 4.0, log=True)] = 1.0
+    yarn_beta: Annotated[float, FloatRange(4.0, 64.0, log=True)] = 32.0
+    apply: str = "always"  # or "past_train_length"
+    original_length: int = 0  # L; 0: the training length the scheme is built for
+
+    def __post_init__(self) -> None:
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling must be one of {', '.join(SCALINGS)} (got {self.scaling!r}).")
+        if self.apply not in APPLY_MODES:
+            raise ValueError(f"apply must be one of {', '.join(APPLY_MODES)} (got {self.apply!r}).")
+        if self.base <= 1:
+            raise ValueError(f"base ({self.base}) must be > 1.")
+        if self.scale < 1:
+            raise ValueError(f"scale ({self.scale}) must be >= 1: it is the context extension factor.")
+        if not 0 < self.yarn_alpha < self.yarn_beta:
+            raise ValueError(
+                f"YaRN needs 0 < yarn_alpha < yarn_beta (got {self.yarn_alpha}, {self.yarn_beta})."
+            )
+        if self.original_length < 0:
+            raise ValueError(f"original_length ({self.original_length}) must be >= 0.")
+
+
+def rope_frequencies(dim: int, config: RopeConfig, original_length: int, extended: bool) -> Any:
+    """θ_i for the D/2 planes (float64), with the context extension applied if ``extended``."""
+    import torch
+
+    base, s = config.base, config.scale
+    if extended and config.scaling == "ntk":
+        base = base * s ** (dim / (dim - 2))
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if not extended or config.scaling in ("none", "ntk"):
+        return theta
+    if config.scaling == "pi":
+        return theta / s
+    turns = original_length * theta / (2 * math.pi)  # r = L / wavelength
+    gamma = ((turns - config.yarn_alpha) / (config.yarn_beta - config.yarn_alpha)).clamp(0, 1)
+    return (1 - gamma) * theta / s + gamma * theta
+
+
+def yarn_mscale(scale: float) -> float:
+    """sqrt(1/t) = 0.1 ln s + 1: the factor applied to queries and keys each."""
+    return 0.1 * math.log(scale) + 1.0
+
+
+def build(config: RopeConfig, *, head_dim: int, max_length: int, **_: Any) -> Any:
+    if head_dim % 2:
+        raise ValueError(f"RoPE rotates pairs of dimensions: head_dim ({head_dim}) must be even.")
+    if config.scaling == "ntk" and head_dim <= 2:
+        raise ValueError("NTK-aware scaling needs head_dim > 2 (base · s^(D/(D-2))).")
+    return module_class()(config, config.original_length or max_length)
+
+
+@cache
+def module_class() -> type:
+    import torch
+
+    from harness.nn.position import PositionScheme
+
+    def rotate_half(x: Any) -> Any:
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+
+    class Rotary(PositionScheme):
+        def __init__(self, config: RopeConfig, original_length: int) -> None:
+            super().__init__()
+            self.config, self.original_length = config, original_length
+            self._theta: dict[tuple[int, bool, Any], Any] = {}
+
+        def extended(self, q_pos: Any, k_pos: Any) -> bool:
+            """Whether the context extension acts on this call."""
+            if self.config.scaling == "none":
+                return False
+            if self.config.apply == "always":
+                return True
+            longest = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+            return longest > self.original_length
+
+        def theta(self, dim: int, extended: bool, device: Any) -> Any:
+            key = (dim, extended, device)
+            if key not in self._theta:
+                theta = rope_frequencies(dim, self.config, self.original_length, extended)
+                self._theta[key] = theta.to(device=device, dtype=torch.float32)
+            return self._theta[key]
+
+        def _rotate(self, x: Any, positions: Any, theta: Any) -> Any:
+            angles = positions.float()[:, None] * theta[None, :]  # (L, D/2)
+            angles = torch.cat([angles, angles], dim=-1)
+            return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
+
+        def rotate(self, q: Any, k: Any, q_pos: Any, k_pos: Any) -> tuple[Any, Any]:
+            extended = self.extended(q_pos, k_pos)
+            theta = self.theta(q.shape[-1], extended, q.device)
+            q, k = self._rotate(q, q_pos, theta), self._rotate(k, k_pos, theta)
+            if extended and self.config.scaling == "yarn":
+                mscale = yarn_mscale(self.config.scale)
+                q, k = q * mscale, k * mscale
+            return q, k
+
+    return Rotary
+
+
+@harness.hookimpl
+def harness_register_position(register: Any) -> None:
+    register(
+        PositionSpec(
+            name="rope",
+            build=build,
+            config=RopeConfig,
+            hooks=frozenset({"qk"}),
+            description="Rotary embeddings; base, PI / NTK-aware / YaRN context extension.",
+        )
+    )
