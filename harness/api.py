@@ -9,7 +9,7 @@ from harness.registry import Registry, Spec
 
 if TYPE_CHECKING:
     from harness.data import Task
-    from harness.train import RunResult
+    from harness.run import RunResult
 
 
 def load_plugins(*files: str | os.PathLike[str], plugins: Any = (), **kwargs: Any) -> Registry:
@@ -71,7 +71,7 @@ def create_model(
 
 
 def train(config: Any, **kwargs: Any) -> RunResult:
-    """Train one run from a config (path, dict or RunConfig); see :func:`harness.train.train`."""
-    from harness.train import train as _train
+    """Train one run from a config (path, dict or RunConfig); see :func:`harness.run.train`."""
+    from harness.run import train as _train
 
     return _train(config, **kwargs)

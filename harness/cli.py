@@ -96,11 +96,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append("train.progress=false")
     if args.config is None and not any(o.startswith("task.name=") for o in overrides):
         raise HarnessError("harness train needs a config file or --task and --model; "
-                           "try `harness train studies/quickstart_run.yaml`.")
+                           "try `harness train studies/copy_quickstart.yaml`.")
     cfg = load_run_config(args.config, overrides)
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
 
-    from harness.train import train
+    from harness.run import train
 
     result = train(cfg)
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=textwrap.dedent("""\
             examples:
               harness list --verbose
-              harness train studies/quickstart_run.yaml
+              harness train studies/copy_quickstart.yaml
               harness train --task copy --model transformer --attention multi_head --max-steps 200
               harness ui
             """),

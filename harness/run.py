@@ -1,6 +1,7 @@
 """One run: resolve, build, fit, evaluate at every length, measure cost, record in MLflow.
 
-``train(config)`` is the whole path of a run. Everything that can be validated is validated
+``train(config)`` is the whole path of a run (``harness.train`` in the public API; this
+module is not called ``train`` so it cannot shadow that function on the package). Everything that can be validated is validated
 before the MLflow run is created; once it exists, the run always ends FINISHED, FAILED
 (with the reason in the ``harness.failure`` tag) or KILLED (pruned or interrupted) —
 never RUNNING.

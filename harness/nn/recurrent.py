@@ -1,0 +1,127 @@
+"""Recurrent building blocks shared by the recurrent model plugins.
+
+* :class:`RecurrentLM`: an LSTM or GRU language model (and sequence classifier), with
+  incremental decoding through a :class:`RecurrentCache`;
+* :class:`BidirectionalEncoder`: a bidirectional LSTM or GRU over right-padded batches,
+  packed so that padding never enters a state (the encoder of RNN seq2seq models).
+
+Importing this module imports torch: plugin modules import it inside ``module_class()``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+CELLS = ("lstm", "gru")
+
+#: An RNN state: ``h`` (layers, B, H) for a GRU, ``(h, c)`` for an LSTM.
+State = Tensor | tuple[Tensor, Tensor]
+
+
+def make_rnn(
+    cell: str, input_size: int, hidden: int, layers: int, dropout: float, bidirectional: bool = False
+) -> nn.RNNBase:
+    """A batch-first ``nn.LSTM`` or ``nn.GRU``; ``dropout`` acts between stacked layers."""
+    if cell not in CELLS:
+        raise ValueError(f"unknown recurrent cell {cell!r}; choose one of {', '.join(CELLS)}")
+    rnn_class = nn.LSTM if cell == "lstm" else nn.GRU
+    return rnn_class(
+        input_size, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
+        dropout=dropout if layers > 1 else 0.0,
+    )
+
+
+class RecurrentCache:
+    """Decoding state of a recurrent model: its state after the ``length`` tokens seen so far."""
+
+    def __init__(self) -> None:
+        self.state: State | None = None
+        self.length = 0
+
+
+class RecurrentLM(nn.Module):
+    """Embedding -> stacked LSTM/GRU -> linear head.
+
+    For ``lm`` batches the head predicts the next token at every position; for
+    classification (``num_classes`` given) it reads the state after the last real token.
+    Batches are right-padded and the recurrence runs left to right, so padding never
+    reaches a real position and ``padding_mask`` is needed only to find the last token.
+    """
+
+    def __init__(
+        self,
+        cell: str,
+        *,
+        vocab_size: int,
+        width: int,
+        layers: int,
+        dropout: float,
+        tie_embeddings: bool,
+        num_classes: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.classify = num_classes is not None
+        self.embed = nn.Embedding(vocab_size, width)
+        self.rnn = make_rnn(cell, width, width, layers, dropout)
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(width, num_classes if num_classes is not None else vocab_size)
+        if tie_embeddings and not self.classify:
+            self.head.weight = self.embed.weight
+
+    def new_cache(self) -> RecurrentCache:
+        return RecurrentCache()
+
+    def forward(
+        self, tokens: Tensor, padding_mask: Tensor | None = None, *, cache: RecurrentCache | None = None
+    ) -> Tensor:
+        """``tokens`` (B, L) -> logits (B, L, V), or (B, C) for classification. With a
+        ``cache`` the recurrence continues from the cached state and updates it."""
+        x = self.drop(self.embed(tokens))
+        out, state = self.rnn(x, cache.state if cache is not None else None)
+        if cache is not None:
+            cache.state = state
+            cache.length += tokens.shape[1]
+        out = self.drop(out)
+        if self.classify:
+            if padding_mask is None:
+                last = torch.full((tokens.shape[0],), tokens.shape[1] - 1, device=tokens.device)
+            else:
+                last = (~padding_mask).sum(dim=1).clamp(min=1) - 1
+            out = out[torch.arange(tokens.shape[0], device=tokens.device), last]
+        return self.head(out)  # type: ignore[no-any-return]
+
+
+class BidirectionalEncoder(nn.Module):
+    """A bidirectional LSTM/GRU over right-padded sequences.
+
+    Returns the annotations (B, S, 2 * hidden), forward and backward states side by side
+    (zeros at padding), and the final state of every layer, (layers, B, 2 * hidden) for
+    ``h`` (and ``c`` for an LSTM): the forward direction after the last real token, the
+    backward direction after the first.
+    """
+
+    def __init__(self, cell: str, input_size: int, hidden: int, layers: int, dropout: float) -> None:
+        super().__init__()
+        self.cell = cell
+        self.layers = layers
+        self.rnn = make_rnn(cell, input_size, hidden, layers, dropout, bidirectional=True)
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None) -> tuple[Tensor, State]:
+        batch, length = x.shape[:2]
+        if padding_mask is None:
+            lengths = torch.full((batch,), length)
+        else:
+            lengths = (~padding_mask).sum(dim=1).clamp(min=1).cpu()
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, state = self.rnn(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)
+        if isinstance(state, tuple):
+            return out, (self._merge(state[0]), self._merge(state[1]))
+        return out, self._merge(state)
+
+    def _merge(self, s: Tensor) -> Tensor:
+        """(layers * 2, B, H) in PyTorch's layer-major order -> (layers, B, 2H)."""
+        s = s.view(self.layers, 2, *s.shape[1:])
+        return torch.cat([s[:, 0], s[:, 1]], dim=-1)
