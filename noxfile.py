@@ -1,0 +1,60 @@
+"""nox sessions: tests, lint, typecheck, smoke (and gpu where a GPU exists).
+
+Every session installs ``torch==2.13.0`` first (a CPU build where the index provides one),
+so the project's torch range never pulls a multi-GB CUDA build by accident; pass
+``-- --torch <spec>`` to the gpu session to choose another build.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = "torch==2.13.0"
+ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def install(session: nox.Session, extras: str = "dev") -> None:
+    session.install(TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite (CPU; PostgreSQL tests start their own server when it is installed)."""
+    install(session)
+    session.run("pytest", *session.posargs, env=ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "harness", "plugins", "tests", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install(session)
+    session.run("mypy", "harness")
+
+
+@nox.session
+def smoke(session: nox.Session) -> None:
+    """The quickstart end to end, in a throwaway store."""
+    install(session, extras="dev")
+    tmp = session.create_tmp()
+    session.run("harness", "list", env=ENV)
+    session.run("harness", "train", "studies/copy_quickstart.yaml", "--no-progress",
+                env={**ENV, "HARNESS_HOME": f"{tmp}/.harness"})
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """On a GPU machine: the tests plus the attention benchmark on CUDA."""
+    session.install("torch")  # the CUDA build from the index
+    session.install("-e", ".[dev]")
+    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no GPU'")
+    session.run("pytest", "-x", *session.posargs)
+    session.run("harness", "bench", "attention", "--device", "cuda")
