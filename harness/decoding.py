@@ -9,14 +9,18 @@ Two model protocols:
   position, otherwise the whole prefix is recomputed per token.
 
 Decoding stops at EOS (which is dropped) or after ``max_len`` tokens.
+
+:func:`beam_search` needs no protocol beyond the batch-format call (``model(src, tgt_in,
+...)`` or ``model(tokens)``): it re-runs the model on every live prefix at each step, so
+it works for any model at O(max_len^2) cost, meant for evaluation on small sets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.data import EOS, PAD, SEP, Example
+from harness.data import BOS, EOS, PAD, SEP, Example
 
 
 def _trim(ids: Sequence[int]) -> list[int]:
@@ -72,6 +76,101 @@ def _lm_greedy(model: Any, prompt: list[int], max_len: int, device: Any) -> list
             break
         tokens = torch.cat([tokens, torch.tensor([[nxt]], device=device)], dim=1)
     return out
+
+
+def beam_search(
+    model: Any,
+    examples: Sequence[Example],
+    fmt: str,
+    beam_size: int = 4,
+    max_len: int | None = None,
+    length_penalty: float = 0.0,
+) -> list[list[int]]:
+    """Beam-search outputs for seq2seq examples, one example at a time.
+
+    Each step expands every live hypothesis by every token and keeps the ``beam_size``
+    best expansions; an expansion that ends in EOS (or reaches ``max_len``) is finished.
+    The result is the best finished hypothesis by log-probability divided by the GNMT
+    length penalty ((5 + length) / 6) ** ``length_penalty`` (Wu et al., 2016); 0 ranks by
+    log-probability alone. ``beam_size=1`` is greedy decoding; a beam as large as the
+    number of possible outputs is exact search.
+    """
+    import torch
+
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    device = next(model.parameters()).device
+    max_len = max_len or max(len(e["tgt"]) for e in examples)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return [
+                _trim(_beam_one(_next_logprobs(model, list(e["src"]), fmt, device), beam_size,
+                                max_len, length_penalty, device))
+                for e in examples
+            ]
+    finally:
+        model.train(was_training)
+
+
+def _next_logprobs(model: Any, src: list[int], fmt: str, device: Any) -> Callable[[Any], Any]:
+    """A function from output prefixes (K, t) to next-token log-probabilities (K, V)."""
+    import torch
+
+    if fmt == "seq2seq":
+        source = torch.tensor([src], device=device)
+
+        def step(prefixes: Any) -> Any:
+            k = prefixes.shape[0]
+            tgt_in = torch.cat([torch.full((k, 1), BOS, device=device), prefixes], dim=1)
+            logits = model(source.expand(k, -1), tgt_in,
+                           src_padding_mask=torch.zeros_like(source, dtype=torch.bool).expand(k, -1),
+                           tgt_padding_mask=torch.zeros_like(tgt_in, dtype=torch.bool))
+            return logits[:, -1].log_softmax(-1)
+
+        return step
+    prompt = torch.tensor([src + [SEP]], device=device)
+
+    def lm_step(prefixes: Any) -> Any:
+        tokens = torch.cat([prompt.expand(prefixes.shape[0], -1), prefixes], dim=1)
+        return model(tokens)[:, -1].log_softmax(-1)
+
+    return lm_step
+
+
+def _beam_one(next_logprobs: Callable[[Any], Any], beam_size: int, max_len: int,
+              length_penalty: float, device: Any) -> list[int]:
+    import torch
+
+    def rank(score: float, length: int) -> float:
+        return score / ((5 + length) / 6) ** length_penalty
+
+    alive: list[list[int]] = [[]]
+    scores = torch.zeros(1, device=device)
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(max_len):
+        prefixes = torch.tensor(alive, dtype=torch.long, device=device).view(len(alive), step)
+        totals = next_logprobs(prefixes) + scores[:, None].to(device)
+        vocab = totals.shape[1]
+        best, index = totals.flatten().topk(min(beam_size, totals.numel()))
+        keep, keep_scores = [], []
+        for score, i in zip(best.tolist(), index.tolist(), strict=True):
+            hyp = alive[i // vocab] + [i % vocab]
+            if i % vocab == EOS or step == max_len - 1:
+                finished.append((rank(score, len(hyp)), hyp))
+            else:
+                keep.append(hyp)
+                keep_scores.append(score)
+        finished = sorted(finished, key=lambda f: f[0], reverse=True)[:beam_size]
+        if not keep:
+            break
+        # log-probabilities only fall as hypotheses grow: once the best finished one beats
+        # every live one, nothing can overtake it
+        if length_penalty == 0 and finished and finished[0][0] >= keep_scores[0]:
+            break
+        alive, scores = keep, totals.new_tensor(keep_scores)
+    return finished[0][1]
 
 
 def edit_distance(a: Sequence[Any], b: Sequence[Any]) -> int:

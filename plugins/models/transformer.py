@@ -4,6 +4,9 @@ Any attention variant and any position scheme; depth, width, heads, FFN size, dr
 tied embeddings and pre- vs post-norm are hyper-parameters. For classification tasks the
 model is an encoder with mean pooling over non-padding tokens.
 
+``causal: false`` is rejected for ``lm`` tasks: their targets are the inputs shifted by
+one, so a bidirectional model would read each answer from the next input.
+
 Causal models ignore ``padding_mask``: batches are right-padded, so no real token ever
 attends to a pad, and pads are never scored. This keeps the fused causal kernels.
 """
@@ -36,6 +39,11 @@ class TransformerConfig:
 
 
 def build(config: TransformerConfig, *, task: Any, attention: Any, position: Any) -> Any:
+    if task.kind == "lm" and config.causal is False:
+        raise ValueError(
+            "causal: false on an lm task lets every position see the token it must predict "
+            "(lm targets are the inputs shifted by one); keep causal attention for lm tasks"
+        )
     return module_class()(config, task, attention, position)
 
 

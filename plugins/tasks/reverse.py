@@ -1,0 +1,64 @@
+"""``reverse``: output a random sequence of symbols in reverse order.
+
+Source: ``length`` symbols drawn uniformly from ``vocab`` symbols; target: the same symbols
+last to first. Unlike ``copy``, the first output depends on the last input, so the model
+must carry the whole source to the point where it starts writing: the classic probe for
+encoder-decoder models without attention (Sutskever et al., 2014) and the task where
+attention makes the largest difference. Decoder-only models see ``src SEP tgt``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import harness
+from harness.data import Example, Task, TaskConfig, Vocab
+from harness.params import IntRange
+from harness.registry import TaskSpec
+
+
+@dataclass
+class ReverseConfig(TaskConfig):
+    vocab: Annotated[int, IntRange(2, 64, log=True)] = 8  # distinct symbols
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vocab < 1:
+            raise ValueError(f"vocab must be at least 1 symbol, got {self.vocab}")
+
+
+class ReverseTask(Task):
+    kind = "seq2seq"
+
+    def __init__(self, config: ReverseConfig, *, seed: int) -> None:
+        symbols = tuple(f"s{i}" for i in range(config.vocab))
+        super().__init__(config, seed=seed, vocab=Vocab(symbols))
+        self.num_symbols = config.vocab
+
+    def generate(self, split: str, length: int) -> list[Example]:
+        rng = random.Random(self.split_seed(split, length))
+        first = self.vocab.first_symbol
+        out = []
+        for _ in range(self.split_size(split)):
+            src = [first + rng.randrange(self.num_symbols) for _ in range(length)]
+            out.append({"src": src, "tgt": src[::-1]})
+        return out
+
+
+def build(config: ReverseConfig, *, seed: int) -> ReverseTask:
+    return ReverseTask(config, seed=seed)
+
+
+@harness.hookimpl
+def harness_register_task(register: Any) -> None:
+    register(
+        TaskSpec(
+            name="reverse",
+            build=build,
+            config=ReverseConfig,
+            task_kind="seq2seq",
+            description="Reverse a random symbol sequence (decoder-only: src SEP tgt).",
+        )
+    )
