@@ -50,6 +50,11 @@ class TrainConfig(Strict):
     seed: int = Field(0, description="model initialisation and data order")
     data_seed: int = Field(0, description="task data generation (same data for every candidate)")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
+    scheduled_sampling: float = Field(
+        0.0, ge=0, le=1,
+        description="probability of feeding the model its own argmax prediction instead of the "
+                    "gold previous target token (seq2seq and lm formats; see harness.system)",
+    )
     max_time_s: float | None = Field(None, gt=0, description="wall-clock cap for fitting")
     accelerator: str = "auto"
     devices: int | str | list[int] = "auto"

@@ -85,6 +85,10 @@ class HarnessSystem(L.LightningModule):
         return run_model(self.model, batch, self.fmt)  # type: ignore[no-any-return]
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if self.cfg.scheduled_sampling and self.fmt != "classification":
+            with torch.no_grad():
+                first_pass = self(batch)
+            batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
         stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
         loss = stats["loss"]
         if not torch.isfinite(loss):
@@ -137,6 +141,26 @@ class HarnessSystem(L.LightningModule):
             opt, partial(warmup_cosine, warmup=self.cfg.warmup_steps, total=self.cfg.max_steps)
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: str, prob: float) -> dict[str, Any]:
+    """The batch with some teacher-forced inputs replaced by the model's own predictions.
+
+    Scheduled sampling (Bengio et al., 2015) in its two-pass form (Mihaylova & Martins,
+    2019): ``logits`` come from a first, teacher-forced pass without gradients; each input
+    that is a gold target token (``tgt_in[t] == targets[t-1]`` for seq2seq, ``tokens[t] ==
+    targets[t-1]`` for lm, where ``loss_mask[t-1]`` is set) is replaced, independently with
+    probability ``prob``, by the first pass's argmax prediction of that token. The second
+    pass trains on the mixed inputs; targets are unchanged. Padding, BOS and unscored
+    context (a decoder-only model's source) are never replaced.
+    """
+    key = "tgt_in" if fmt == "seq2seq" else "tokens"
+    inputs = batch[key]
+    coin = torch.rand(inputs[:, 1:].shape, device=inputs.device) < prob
+    replace = coin & batch["loss_mask"][:, :-1]
+    mixed = inputs.clone()
+    mixed[:, 1:] = torch.where(replace, logits[:, :-1].argmax(-1), inputs[:, 1:])
+    return {**batch, key: mixed}
 
 
 def metric_key(name: str, length: int) -> str:
