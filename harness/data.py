@@ -232,7 +232,7 @@ def _collate_tensors(examples: Sequence[Example], fmt: str, task_kind: str) -> d
     if task_kind == "seq2seq":
         examples = [as_lm(e) for e in examples]
     seqs = [list(e["tokens"]) for e in examples]
-    masks = [list(e.get("loss_mask") or [True] * (len(s) - 1)) for e, s in zip(examples, seqs)]
+    masks = [list(e.get("loss_mask") or [True] * (len(s) - 1)) for e, s in zip(examples, seqs, strict=True)]
     inputs = pad([s[:-1] for s in seqs])
     return {
         "tokens": inputs,

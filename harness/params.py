@@ -20,7 +20,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from harness.errors import ConfigError, PluginError
 
@@ -75,7 +75,7 @@ class Choice:
         return "one of " + ", ".join(repr(o) for o in self.options)
 
 
-Range = Union[IntRange, FloatRange, Choice]
+Range = IntRange | FloatRange | Choice
 
 
 @dataclass
@@ -172,7 +172,9 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
-    return dataclasses.asdict(instance) if dataclasses.is_dataclass(instance) else {}
+    if dataclasses.is_dataclass(instance) and not isinstance(instance, type):
+        return dataclasses.asdict(instance)
+    return {}
 
 
 def suggest(

@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,10 @@ def import_file(path: str | os.PathLike[str]) -> Any:
     return module
 
 
+def _identity(obj: Any) -> Any:
+    return obj
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
 
@@ -117,12 +122,10 @@ def load(
     sources: list[_Source] = _entry_point_sources(allow, deny) if autoload else []
     for path in local_files:
         resolved = Path(path).resolve()
-        sources.append(
-            _Source(resolved.stem, f"file {resolved}", "", lambda p=resolved: import_file(p))
-        )
+        sources.append(_Source(resolved.stem, f"file {resolved}", "", partial(import_file, resolved)))
     for obj in plugins:
         name = getattr(obj, "__name__", None) or type(obj).__name__
-        sources.append(_Source(name, "in-process", "", lambda o=obj: o))
+        sources.append(_Source(name, "in-process", "", partial(_identity, obj)))
 
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)

@@ -9,6 +9,7 @@ never RUNNING.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import tempfile
@@ -115,7 +116,8 @@ def peak_memory_mb(device: Any) -> tuple[str, float]:
 
 def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[int]]:
     """Split the task's evaluation lengths into those the model can run and those it cannot."""
-    ok, na = [], []
+    ok: list[int] = []
+    na: list[int] = []
     check = getattr(model, "supports_length", None)
     for length in task.eval_lengths:
         if length == task.train_length or check is None:
@@ -161,7 +163,9 @@ def train(
         cfg.tracking.experiment, run_name=cfg.tracking.run_name or default_run_name(p),
         parent_run_id=parent_run_id, tags=tags,
     )
-    status, metrics, na = "FAILED", {}, []
+    status = "FAILED"
+    metrics: dict[str, float] = {}
+    na: list[int] = []
     try:
         tracker.log_params(run_id, resolved)
         tracker.log_dict(run_id, resolved, "config.yaml")
@@ -203,7 +207,7 @@ def _fit_and_evaluate(
     root = tracking.home() / "lightning"
     trainer = L.Trainer(
         max_steps=t.max_steps,
-        max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[arg-type]
+        max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[dict-item]
         val_check_interval=min(t.val_every, t.max_steps),
         check_val_every_n_epoch=None,
         accelerator=t.accelerator,
@@ -299,10 +303,8 @@ def provenance_tags(p: Plan) -> dict[str, str]:
         tags[f"harness.{role}.plugin"] = comp.spec.plugin
         tags[f"harness.{role}.distribution"] = comp.spec.distribution
         tags[f"harness.{role}.version"] = comp.spec.version
-    try:
+    with contextlib.suppress(PackageNotFoundError):
         tags["harness.version"] = version("attention-harness")
-    except PackageNotFoundError:
-        pass
     commit = tracking.git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit

@@ -59,10 +59,8 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     loss = F.cross_entropy(flat_logits, flat_targets, label_smoothing=label_smoothing)
     pred = logits.argmax(-1)
     correct = (pred == targets) & mask
-    if mask.dim() > 1:
-        exact = (correct | ~mask).all(dim=-1).float().sum()
-    else:
-        exact = correct.float().sum()
+    # a sequence is exact when every scored position is right (classification: the label)
+    exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
     return {
         "loss": loss,
         "nll_sum": nll.detach(),
@@ -127,7 +125,8 @@ class HarnessSystem(L.LightningModule):
                     self.final_metrics[key] = value
 
     def configure_optimizers(self) -> Any:
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
                 continue

@@ -29,8 +29,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -
 def test_help_and_list_import_nothing_heavy(argv):
     code = (
         "import sys\nfrom harness.cli import main\n"
-        "try:\n    main(%r)\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in %r if m in sys.modules))" % (argv, HEAVY)
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
