@@ -1,0 +1,69 @@
+"""``sort``: output the source symbols in ascending order.
+
+Source: ``length`` symbols drawn uniformly, with replacement, from ``vocab`` ordered symbols
+(``00`` < ``01`` < ...); target: the same multiset, sorted. Token ids follow the symbol order,
+so the target is ``sorted(src)``. Unlike ``copy``, every output position depends on the whole
+input (counting), so a model cannot succeed by attending to one aligned position.
+
+The ``length`` is the number of symbols to sort; any longer evaluation length works (the
+symbols are the same, only more of them). No EOS: the target length equals the source
+length. Decoder-only models see ``src SEP tgt`` and are scored on the target only.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import harness
+from harness.data import Example, Task, TaskConfig, Vocab
+from harness.params import IntRange
+from harness.registry import TaskSpec
+
+
+@dataclass
+class SortConfig(TaskConfig):
+    length: Annotated[int, IntRange(4, 256, log=True)] = 8  # symbols to sort
+    vocab: Annotated[int, IntRange(2, 64, log=True)] = 16  # distinct symbols
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vocab < 2:
+            raise ValueError(f"sort needs at least 2 distinct symbols, got vocab={self.vocab}")
+
+
+class SortTask(Task):
+    kind = "seq2seq"
+    config: SortConfig
+
+    def __init__(self, config: SortConfig, *, seed: int) -> None:
+        width = len(str(config.vocab - 1))
+        symbols = tuple(str(i).zfill(width) for i in range(config.vocab))
+        super().__init__(config, seed=seed, vocab=Vocab(symbols))
+
+    def generate(self, split: str, length: int) -> list[Example]:
+        rng = random.Random(self.split_seed(split, length))
+        first, n = self.vocab.first_symbol, self.config.vocab
+        out = []
+        for _ in range(self.split_size(split)):
+            src = [first + rng.randrange(n) for _ in range(length)]
+            out.append({"src": src, "tgt": sorted(src)})
+        return out
+
+
+def build(config: SortConfig, *, seed: int) -> SortTask:
+    return SortTask(config, seed=seed)
+
+
+@harness.hookimpl
+def harness_register_task(register: Any) -> None:
+    register(
+        TaskSpec(
+            name="sort",
+            build=build,
+            config=SortConfig,
+            task_kind="seq2seq",
+            description="Sort a random symbol sequence (with repeats) in ascending order.",
+        )
+    )
