@@ -126,6 +126,13 @@ def test_ui_serves_the_project_store_on_loopback(registry, harness_home):
         req = urllib.request.Request(base + f"/api/2.0/mlflow/runs/get?run_id={result.run_id}")
         run = json.load(urllib.request.urlopen(req, timeout=10))["run"]
         assert run["info"]["status"] == "FINISHED"
+        # a run that points tracking.uri at the server is recorded there, not locally
+        cfg["tracking"] = {"experiment": "via-server", "uri": base}
+        remote = harness.train(cfg, registry=registry)
+        req = urllib.request.Request(base + f"/api/2.0/mlflow/runs/get?run_id={remote.run_id}")
+        run = json.load(urllib.request.urlopen(req, timeout=10))["run"]
+        assert run["info"]["status"] == "FINISHED"
+        assert any(m["key"] == "val/acc" for m in run["data"]["metrics"])
         # only loopback: the port is not bound on other interfaces
         ps = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
         if ps.returncode == 0:
