@@ -2,13 +2,15 @@
 
 A variant subclasses :class:`Attention` and implements :meth:`Attention.score` (softmax
 variants) or overrides :meth:`Attention.attend` (variants that do not form softmax scores,
-or that call a fused kernel). Everything else, the same for all variants, lives here:
+or that call a fused kernel) and, if its decoding state is not "all keys and values so far",
+:meth:`Attention.extend_cache`. Everything else, the same for all variants, lives here:
 
 * query/key/value/output projections, split into heads (``tied_qk`` shares one projection
-  for queries and keys);
+  for queries and keys; a variant may replace a projection, e.g. by ``nn.Identity``);
 * self-attention (``memory=None``) or cross-attention (queries from ``x``, keys and values
   from ``memory``);
-* the position hooks: ``rotate`` on queries/keys and ``score_bias`` (self-attention only);
+* the position hooks: ``rotate`` on queries/keys and ``score_bias`` (self-attention only),
+  presented in the head layout the scheme was built for (see ``position_heads``);
 * causal and key-padding masks, expressed through absolute positions so a cached decoding
   step masks exactly like a full pass;
 * incremental decoding: with an :class:`AttentionCache`, each call appends its keys/values
@@ -16,7 +18,9 @@ or that call a fused kernel). Everything else, the same for all variants, lives 
   once).
 
 Mask convention: ``key_padding_mask`` is (B, Lk) with ``True`` at padding (ignored keys);
-``allowed`` masks are ``True`` where a query may attend to a key.
+``allowed`` masks are ``True`` where a query may attend to a key. A query that may attend
+to no key at all (a padded query under a causal mask, an all-padding sequence) gets a zero
+output and zero gradients, never NaN.
 """
 
 from __future__ import annotations
@@ -78,16 +82,49 @@ def allowed_mask(
 
 
 def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
-    """Softmax over the last dim; disallowed keys get exactly zero weight.
+    """Softmax over the last dim, in at least float32; disallowed keys get exactly zero.
 
-    A row with no allowed key (only possible at padded queries) gets all-zero weights
-    instead of NaN.
+    A row with no allowed key gets all-zero weights (and zero gradients) instead of NaN:
+    it is normalised over every key and then zeroed, so no ``-inf - -inf`` is ever formed.
     """
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if allowed is None:
         return scores.softmax(dim=-1)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    any_allowed = allowed.any(dim=-1, keepdim=True)
+    weights = scores.masked_fill(~(allowed | ~any_allowed), float("-inf")).softmax(dim=-1)
+    return weights.masked_fill(~any_allowed, 0.0)
+
+
+def sdpa_mask(
+    allowed: Tensor | None, bias: Tensor | None, dtype: torch.dtype
+) -> tuple[Tensor | None, Tensor | None]:
+    """The ``attn_mask`` for ``F.scaled_dot_product_attention`` and the empty query rows.
+
+    The mask is boolean when there is no bias (the kernels' cheaper form), otherwise the
+    bias with ``-inf`` at disallowed keys. Rows that allow no key are opened to every key
+    (so the kernel never divides by zero) and returned as ``empty`` (B|1, 1, Lq, 1): zero
+    the kernel's output there.
+    """
+    empty = None
+    if allowed is not None:
+        empty = ~allowed.any(dim=-1, keepdim=True)
+        allowed = allowed | empty
+    if bias is None:
+        return allowed, empty
+    bias = bias.to(dtype)
+    if allowed is None:
+        return bias, None
+    return bias.masked_fill(~allowed, float("-inf")), empty
+
+
+def scaled(q: Tensor) -> Tensor:
+    """Queries scaled by 1/sqrt(d): the Transformer's temperature."""
+    return q * (1.0 / math.sqrt(q.shape[-1]))
+
+
+def _overrides(position: Any, hook: str) -> bool:
+    """Whether a scheme implements ``hook`` (the base class's hooks are the identity)."""
+    return getattr(type(position), hook, None) is not getattr(PositionScheme, hook)
 
 
 class Attention(nn.Module):
@@ -95,12 +132,19 @@ class Attention(nn.Module):
 
     Args:
         d_model: model width (input and output).
-        num_heads: number of heads.
+        num_heads: number of heads this layer runs.
         qk_dim: per-head width of queries and keys (default ``d_model // num_heads``).
         v_dim: per-head width of values (default ``d_model // num_heads``).
         dropout: dropout on attention weights (training only).
         bias: biases in the projections.
         tied_qk: one shared projection for queries and keys.
+        position_heads: the head count the model built its position scheme for (default
+            ``num_heads``). A variant that runs a different number of heads (the
+            single-head classics) receives the position hooks in that layout: queries and
+            keys are regrouped into ``position_heads`` heads for ``rotate`` and
+            ``score_bias`` (same numbers, cut differently), and the per-head biases are
+            averaged over the scheme heads that make up each of this layer's heads (or
+            shared, when this layer has more heads).
     """
 
     def __init__(
@@ -113,21 +157,29 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         tied_qk: bool = False,
+        position_heads: int | None = None,
     ) -> None:
         super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads ({num_heads}) must be >= 1.")
         if d_model % num_heads and (qk_dim is None or v_dim is None):
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by num_heads ({num_heads}); "
                 f"choose a head count that divides the width."
             )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout ({dropout}) must be in [0, 1).")
         self.d_model = d_model
         self.num_heads = num_heads
+        self.position_heads = position_heads or num_heads
         self.qk_dim = qk_dim or d_model // num_heads
         self.v_dim = v_dim or d_model // num_heads
         self.dropout = dropout
         self.tied_qk = tied_qk
-        self.q_proj = nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
-        self.k_proj = self.q_proj if tied_qk else nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
+        self.q_proj: nn.Module = nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
+        self.k_proj: nn.Module = (
+            self.q_proj if tied_qk else nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
+        )
         self.v_proj = nn.Linear(d_model, num_heads * self.v_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.v_dim, d_model, bias=bias)
 
@@ -177,14 +229,14 @@ class Attention(nn.Module):
         use_position = position is not None and is_self
         if use_position:
             assert position is not None
-            q, k = position.rotate(q, k, q_pos, k_pos)
+            q, k = self.position_rotate(position, q, k, q_pos, k_pos)
         if cache is not None:
             if is_self:
                 k, v, k_pos, key_padding_mask = self.extend_cache(cache, k, v, k_pos, key_padding_mask)
             elif cache.k is None:
                 cache.k, cache.v, cache.k_pos = k, v, k_pos
                 cache.key_padding_mask = key_padding_mask
-        bias = position.score_bias(q, q_pos, k_pos) if use_position else None  # type: ignore[union-attr]
+        bias = self.position_bias(position, q, q_pos, k_pos) if use_position else None
         out, weights = self.attend(
             q,
             k,
@@ -195,9 +247,59 @@ class Attention(nn.Module):
             key_padding_mask=key_padding_mask,
             bias=bias,
             need_weights=need_weights,
+            state=cache.state if (cache is not None and is_self) else None,
         )
         return self.out_proj(self.merge_heads(out)), weights
 
+    # -- position hooks in the scheme's head layout ----------------------------------------
+    def _to_position_heads(self, t: Tensor) -> Tensor:
+        """(B, H, L, D) -> (B, position_heads, L, H*D / position_heads): same numbers."""
+        b, h, n, d = t.shape
+        p = self.position_heads
+        if (h * d) % p:
+            raise ValueError(
+                f"{type(self).__name__}: {h} head(s) of width {d} cannot be regrouped into the "
+                f"{p} heads the position scheme was built for ({h * d} is not divisible by {p}). "
+                f"Choose a width (heads x per-head dim) divisible by the model's head count."
+            )
+        return t.transpose(1, 2).reshape(b, n, p, h * d // p).transpose(1, 2)
+
+    def _from_position_heads(self, t: Tensor, d: int) -> Tensor:
+        b, _, n, _ = t.shape
+        return t.transpose(1, 2).reshape(b, n, self.num_heads, d).transpose(1, 2)
+
+    def position_rotate(
+        self, position: PositionScheme, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Apply the scheme's ``rotate`` hook (a no-op for schemes that do not rotate)."""
+        if not _overrides(position, "rotate"):
+            return q, k
+        if self.position_heads == self.num_heads:
+            return position.rotate(q, k, q_pos, k_pos)
+        rq, rk = position.rotate(self._to_position_heads(q), self._to_position_heads(k), q_pos, k_pos)
+        return self._from_position_heads(rq, q.shape[-1]), self._from_position_heads(rk, k.shape[-1])
+
+    def position_bias(self, position: Any, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """The scheme's additive score bias for this layer's heads, or None."""
+        if not _overrides(position, "score_bias"):
+            return None
+        if self.position_heads == self.num_heads:
+            return position.score_bias(q, q_pos, k_pos)  # type: ignore[no-any-return]
+        bias = position.score_bias(self._to_position_heads(q), q_pos, k_pos)
+        if bias is None or bias.dim() < 3 or bias.shape[-3] == 1:
+            return bias  # type: ignore[no-any-return]
+        bias = bias if bias.dim() == 4 else bias[None]
+        h, p = self.num_heads, bias.shape[1]
+        if p % h == 0:
+            return bias.unflatten(1, (h, p // h)).mean(dim=2)  # type: ignore[no-any-return]
+        if h % p == 0:
+            return bias.repeat_interleave(h // p, dim=1)  # type: ignore[no-any-return]
+        raise ValueError(
+            f"{type(self).__name__} runs {h} heads; the position scheme's bias has {p}. "
+            f"One head count must divide the other."
+        )
+
+    # -- what variants implement -----------------------------------------------------------
     def extend_cache(
         self,
         cache: AttentionCache,
@@ -239,17 +341,17 @@ class Attention(nn.Module):
         key_padding_mask: Tensor | None,
         bias: Tensor | None,
         need_weights: bool,
+        state: dict[str, Any] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Softmax attention over :meth:`score`: (B, H, Lq, Dv) output and optional weights."""
+        """Softmax attention over :meth:`score`: (B, H, Lq, Dv) output and optional weights.
+
+        ``state`` is the decoding cache's ``state`` dict during cached self-attention (None
+        otherwise): a variant that carries running sums reads and updates it here.
+        """
         scores = self.score(q, k)
         if bias is not None:
             scores = scores + bias
         allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
-        weights = masked_softmax(scores.float(), allowed).to(v.dtype)
+        weights = masked_softmax(scores, allowed).to(v.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         return dropped @ v, (weights if need_weights else None)
-
-
-def scaled(q: Tensor) -> Tensor:
-    """Queries scaled by 1/sqrt(d): the Transformer's temperature."""
-    return q * (1.0 / math.sqrt(q.shape[-1]))

@@ -1,9 +1,18 @@
 """``multi_head``: the Transformer's multi-head attention (Vaswani et al., 2017).
 
-Runs on PyTorch's fused ``scaled_dot_product_attention`` and keeps its fast kernels where
-the position scheme allows: ``is_causal`` instead of an explicit mask when nothing else is
-masked, a float bias only when the scheme adds one. Attention weights (``need_weights``)
-come from the explicit path, which computes the same function.
+head_h = softmax(Q_h K_hᵀ / √d_k) V_h for each of the model's heads, concatenated and
+projected. Runs on PyTorch's fused ``scaled_dot_product_attention`` and keeps its fast
+kernels where the position scheme allows:
+
+* causal self-attention with nothing else masked and no score bias: ``is_causal=True``
+  (no mask tensor at all);
+* otherwise a boolean mask (causal and/or key padding), and a float mask only when the
+  scheme adds a score bias (ALiBi, T5, Shaw).
+
+Attention weights (``need_weights``) come from the explicit softmax path, which computes
+the same function. ``tied_qk`` shares one projection between queries and keys (then every
+head's score matrix is symmetric before position hooks), so a study can ask whether the
+query/key distinction matters.
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ class MultiHeadConfig:
     tied_qk: Annotated[bool, Choice((False, True))] = False  # one projection for q and k
     bias: bool = True  # biases in the projections
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+
 
 def build(config: MultiHeadConfig, *, d_model: int, num_heads: int) -> Any:
     return module_class()(
@@ -34,27 +47,28 @@ def build(config: MultiHeadConfig, *, d_model: int, num_heads: int) -> Any:
 def module_class() -> type:
     import torch.nn.functional as F
 
-    from harness.nn.attention import Attention, allowed_mask, scaled
+    from harness.nn.attention import Attention, allowed_mask, scaled, sdpa_mask
 
     class MultiHeadAttention(Attention):
         def score(self, q: Any, k: Any) -> Any:
             return scaled(q) @ k.transpose(-2, -1)
 
-        def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights):  # type: ignore[no-untyped-def]
+        def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
+                   state=None):
             if need_weights:
                 return super().attend(
                     q, k, v, q_pos=q_pos, k_pos=k_pos, causal=causal,
                     key_padding_mask=key_padding_mask, bias=bias, need_weights=True,
                 )
             dropout = self.dropout if self.training else 0.0
-            aligned = q.shape[2] == k.shape[2] and bool(q_pos[0] == k_pos[0])
-            if causal and aligned and bias is None and key_padding_mask is None:
+            # Causal attention only runs on self-attention, where equal lengths mean the
+            # same positions (a cache makes keys longer than queries).
+            if causal and bias is None and key_padding_mask is None and q.shape[2] == k.shape[2]:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout), None
-            mask = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
-            if bias is not None:
-                bias = bias.to(q.dtype)
-                mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout), None
+            allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
+            mask, empty = sdpa_mask(allowed, bias, q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            return (out if empty is None else out.masked_fill(empty, 0.0)), None
 
     return MultiHeadAttention
 

@@ -1,0 +1,73 @@
+"""``dot_product``: Luong et al. (2015) "dot" attention, unscaled.
+
+score(h_t, h_s) = h_tᵀ h_s: the query state is compared with each key state directly, with
+no learned query/key projections and no 1/√d temperature. This is what separates it from
+``general`` (a learned bilinear form) and ``scaled_dot_product`` (projections and 1/√d_k):
+at width d the logits grow like d, so the softmax saturates sooner, which is the point of
+the comparison. Values and the output keep the harness's learned projections (Luong's
+context vector passes through W_c before the output in the same way).
+
+Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
+count; ``heads = n`` splits the states into n slices of width d/n, each scored against the
+same slice of the keys. Position hooks still act per model head: queries/keys are regrouped
+into the model's heads for rotations, and per-head score biases are averaged over the
+model heads (see ``harness.nn.Attention``), so it pairs with every position scheme.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
+
+import harness
+from harness.params import FloatRange
+from harness.registry import AttentionSpec
+
+
+@dataclass
+class DotProductConfig:
+    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
+    heads: int = 1  # the classic is single-head; not the model's head count
+    bias: bool = True  # biases in the value and output projections
+
+    def __post_init__(self) -> None:
+        if self.heads < 1:
+            raise ValueError(f"heads ({self.heads}) must be >= 1.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+
+
+def build(config: DotProductConfig, *, d_model: int, num_heads: int) -> Any:
+    return module_class()(
+        d_model, config.heads, dropout=config.dropout, bias=config.bias, position_heads=num_heads
+    )
+
+
+@cache
+def module_class() -> type:
+    from torch import nn
+
+    from harness.nn.attention import Attention
+
+    class DotProductAttention(Attention):
+        def __init__(self, d_model: int, num_heads: int, **kwargs: Any) -> None:
+            super().__init__(d_model, num_heads, **kwargs)
+            self.q_proj = self.k_proj = nn.Identity()  # compare the states themselves
+
+        def score(self, q: Any, k: Any) -> Any:
+            return q @ k.transpose(-2, -1)
+
+    return DotProductAttention
+
+
+@harness.hookimpl
+def harness_register_attention(register: Any) -> None:
+    register(
+        AttentionSpec(
+            name="dot_product",
+            build=build,
+            config=DotProductConfig,
+            description="Luong dot attention: unscaled h_tᵀ h_s, no query/key projections.",
+        )
+    )
