@@ -1,9 +1,11 @@
 """``rnn_seq2seq``: the RNNsearch family of recurrent encoder-decoders.
 
-A bidirectional GRU/LSTM encoder reads the source into annotations; a recurrent decoder
-writes the target one token at a time, attending to the annotations through any attention
-plugin used as cross-attention (queries: decoder state; keys and values: the annotations,
-projected to the decoder width). Two wirings, after the two papers:
+A bidirectional GRU/LSTM encoder reads the source into annotations [forward; backward]
+(``hidden / 2`` per direction, so an annotation is as wide as the decoder state); a
+recurrent decoder writes the target one token at a time, attending to the annotations
+through any attention plugin used as cross-attention (queries: the decoder state; keys and
+values: the annotations themselves, so ``dot_product`` compares state and annotation
+directly, as Luong's "dot" does). Two wirings, after the two papers:
 
 ``bahdanau``  (Bahdanau et al., 2015; pair with ``additive``) the previous state
               s_{i-1} queries the annotations; the context c_i enters the recurrence,
@@ -40,7 +42,7 @@ class RNNSeq2SeqConfig:
     cell: Annotated[str, Choice(("gru", "lstm"))] = "gru"
     style: Annotated[str, Choice(STYLES)] = "bahdanau"  # how attention is wired (see above)
     embed_dim: Annotated[int, Choice((32, 64, 128, 256))] = 64
-    hidden: Annotated[int, Choice((32, 64, 128, 256, 512))] = 128  # decoder state; encoder: per direction
+    hidden: Annotated[int, Choice((32, 64, 128, 256, 512))] = 128  # decoder state and annotation width
     encoder_layers: Annotated[int, IntRange(1, 4)] = 1
     decoder_layers: Annotated[int, IntRange(1, 4)] = 1
     heads: Annotated[int, Choice((1, 2, 4))] = 1  # heads of the attention variant (1 in the papers)
@@ -49,6 +51,8 @@ class RNNSeq2SeqConfig:
     def __post_init__(self) -> None:
         if self.style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.hidden % 2:
+            raise ValueError(f"hidden ({self.hidden}) must be even: each encoder direction has hidden / 2")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         if not 0.0 <= self.dropout < 1.0:
@@ -74,11 +78,10 @@ def module_class() -> type:
             self.cfg = cfg
             self.embed = nn.Embedding(vocab_size, e)  # source and target share the vocabulary
             self.drop = nn.Dropout(cfg.dropout)
-            self.encoder = BidirectionalEncoder(cfg.cell, e, h, cfg.encoder_layers, cfg.dropout)
-            self.bridge = nn.Linear(2 * h, cfg.decoder_layers * h)
-            self.bridge_cell = nn.Linear(2 * h, cfg.decoder_layers * h) if cfg.cell == "lstm" else None
+            self.encoder = BidirectionalEncoder(cfg.cell, e, h // 2, cfg.encoder_layers, cfg.dropout)
+            self.bridge = nn.Linear(h, cfg.decoder_layers * h)
+            self.bridge_cell = nn.Linear(h, cfg.decoder_layers * h) if cfg.cell == "lstm" else None
             self.attention = attention(h, cfg.heads) if attention is not None else None
-            self.memory_proj = nn.Linear(2 * h, h) if self.attention is not None else None
             ctx = h if self.attention is not None else 0
             if cfg.style == "bahdanau":
                 self.rnn = make_rnn(cfg.cell, e + ctx, h, cfg.decoder_layers, cfg.dropout)
@@ -91,14 +94,14 @@ def module_class() -> type:
 
         # -- encoder ---------------------------------------------------------------------
         def encode(self, src: Tensor, src_padding_mask: Tensor | None) -> tuple[Tensor | None, Any]:
-            """Source -> (memory for attention or None, initial decoder state)."""
+            """Source -> (annotations (B, S, hidden) or None without attention, initial
+            decoder state)."""
             annotations, final = self.encoder(self.drop(self.embed(src)), src_padding_mask)
-            top_h = final[0][-1] if isinstance(final, tuple) else final[-1]  # (B, 2H)
+            top_h = final[0][-1] if isinstance(final, tuple) else final[-1]  # (B, hidden)
             state: Any = self._bridge(self.bridge, top_h)
             if self.bridge_cell is not None:
                 state = (state, self._bridge(self.bridge_cell, final[1][-1]))
-            memory = self.memory_proj(annotations) if self.memory_proj is not None else None
-            return memory, state
+            return (annotations if self.attention is not None else None), state
 
         def _bridge(self, layer: nn.Module, top: Tensor) -> Tensor:
             layers = self.cfg.decoder_layers
