@@ -248,6 +248,7 @@ class Attention(nn.Module):
             bias=bias,
             need_weights=need_weights,
             state=cache.state if (cache is not None and is_self) else None,
+            cross=not is_self,
         )
         return self.out_proj(self.merge_heads(out)), weights
 
@@ -342,11 +343,14 @@ class Attention(nn.Module):
         bias: Tensor | None,
         need_weights: bool,
         state: dict[str, Any] | None = None,
+        cross: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Softmax attention over :meth:`score`: (B, H, Lq, Dv) output and optional weights.
 
         ``state`` is the decoding cache's ``state`` dict during cached self-attention (None
         otherwise): a variant that carries running sums reads and updates it here.
+        ``cross``: keys come from another sequence (their positions do not compare with
+        the queries'), for variants whose masks depend on distances.
         """
         scores = self.score(q, k)
         if bias is not None:

@@ -54,7 +54,7 @@ def module_class() -> type:
             return scaled(q) @ k.transpose(-2, -1)
 
         def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
-                   state=None):
+                   state=None, cross=False):
             if need_weights:
                 return super().attend(
                     q, k, v, q_pos=q_pos, k_pos=k_pos, causal=causal,

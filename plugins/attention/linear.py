@@ -1,0 +1,167 @@
+"""``linear``: kernelised linear attention (Katharopoulos et al., 2020).
+
+Replace exp(q·k) by a feature-map kernel φ(q)·φ(k) with φ(x) = elu(x) + 1 (positive, so
+every weight is positive and the normaliser never vanishes). Then
+
+    out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ  /  φ(q_i)ᵀ Σ_j φ(k_j)
+
+and the sums over keys are computed once, never the Lq x Lk score matrix: time and memory
+grow linearly with the length.
+
+* Bidirectional (and cross-attention): one sum over all keys; padded keys get φ(k) = 0, so
+  they drop out of numerator and normaliser alike.
+* Causal: the sums are prefix sums S_i = Σ_{j<=i} φ(k_j) v_jᵀ, z_i = Σ_{j<=i} φ(k_j). They
+  are computed in blocks of ``chunk`` positions: the running sums carry everything before
+  a block, a small chunk x chunk lower-triangular product covers the block itself (the
+  standard chunked form; ``chunk = 1`` is the plain recurrence). Same sums, matrix
+  products instead of a Python loop over positions.
+* Decoding: the cache holds only the running sums (``state["kv"]``, ``state["z"]``), O(1)
+  memory and time per token.
+
+Position hooks: rotations (RoPE) act on queries and keys before φ. An additive score bias
+(ALiBi, T5, Shaw) cannot be applied, because no score is ever formed; the spec declares
+this and such pairings are rejected before training.
+
+Dropout: there are no weights to drop, so ``dropout`` drops whole keys per head (their
+φ(k) is zeroed) during training: the linear analogue of attention dropout, renormalised by
+the same normaliser. Weights (``need_weights``) are formed explicitly for logging only,
+φ(q_i)·φ(k_j) / Σ_j', and are unavailable during cached decoding (the keys are gone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
+
+import harness
+from harness.params import FloatRange
+from harness.registry import AttentionSpec
+
+WHY_NOT_BIAS = (
+    "linear attention never forms the score matrix (it sums φ(k)vᵀ over keys), so there "
+    "is no score to add a bias to"
+)
+
+
+@dataclass
+class LinearConfig:
+    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # drops whole keys per head
+    chunk: int = 64  # block length of the causal prefix sums (speed only, same result)
+    bias: bool = True  # biases in the projections
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1:
+            raise ValueError(f"chunk ({self.chunk}) must be >= 1.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+
+
+def build(config: LinearConfig, *, d_model: int, num_heads: int) -> Any:
+    return module_class()(
+        d_model, num_heads, chunk=config.chunk, dropout=config.dropout, bias=config.bias
+    )
+
+
+@cache
+def module_class() -> type:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+
+    from harness.nn.attention import Attention, AttentionCache, allowed_mask
+
+    def feature(x: Tensor) -> Tensor:
+        return F.elu(x) + 1.0
+
+    def normalise(num: Tensor, den: Tensor) -> Tensor:
+        """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
+        return num / torch.where(den > 0, den, torch.ones_like(den))
+
+    def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
+        """Every query sees every key (plus the cached sums, when decoding)."""
+        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
+        if state is not None:
+            if "kv" in state:
+                kv, z = kv + state["kv"], z + state["z"]
+            state["kv"], state["z"] = kv, z
+        return normalise(fq @ kv, fq @ z.unsqueeze(-1))
+
+    def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
+        """Query i sees keys j <= i: running sums across blocks, a triangle within one."""
+        b, h, n, d = fq.shape
+        if state and "kv" in state:
+            kv, z = state["kv"], state["z"]
+        else:
+            kv, z = fq.new_zeros(b, h, d, v.shape[-1]), fq.new_zeros(b, h, d)
+        later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)
+        outs = []
+        for s in range(0, n, chunk):
+            qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
+            m = qc.shape[2]
+            local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:m, :m], 0.0)
+            num = qc @ kv + local @ vc
+            den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
+            outs.append(normalise(num, den))
+            kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+        if state is not None:
+            state["kv"], state["z"] = kv, z
+        return torch.cat(outs, dim=2)
+
+    class LinearAttention(Attention):
+        def __init__(self, d_model: int, num_heads: int, *, chunk: int, **kwargs: Any) -> None:
+            super().__init__(d_model, num_heads, **kwargs)
+            self.chunk = chunk
+
+        def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
+                         key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+            # Keys and values are folded into the running sums by attend(); keep nothing else.
+            cache.length = int(k_pos[-1].item()) + 1
+            return k, v, k_pos, key_padding_mask
+
+        def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
+                   state=None, cross=False):
+            if bias is not None:
+                raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
+            if need_weights and state is not None:
+                raise ValueError("linear attention cannot return weights during cached decoding: "
+                                 "the cache keeps running sums, not keys. Run a full pass.")
+            fq, fk = feature(q), feature(k)
+            keep = None
+            if key_padding_mask is not None:
+                keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
+            if self.training and self.dropout:
+                kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
+                keep = kept if keep is None else keep & kept
+            if keep is not None:
+                fk = fk * keep.to(fk.dtype)
+            if causal:
+                if q.shape[2] != k.shape[2]:
+                    raise ValueError("causal linear attention needs one key per query position.")
+                out = prefix_sums(fq, fk, v, state, self.chunk)
+            else:
+                out = global_sums(fq, fk, v, state)
+            weights = None
+            if need_weights:
+                kernel = fq @ fk.transpose(-2, -1)
+                allowed = allowed_mask(q_pos, k_pos, causal=causal)
+                if allowed is not None:
+                    kernel = kernel.masked_fill(~allowed, 0.0)
+                weights = normalise(kernel, kernel.sum(dim=-1, keepdim=True))
+            return out, weights
+
+    return LinearAttention
+
+
+@harness.hookimpl
+def harness_register_attention(register: Any) -> None:
+    register(
+        AttentionSpec(
+            name="linear",
+            build=build,
+            config=LinearConfig,
+            position_hooks=frozenset({"embedding", "qk"}),
+            why_not={"bias": WHY_NOT_BIAS},
+            description="Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding.",
+        )
+    )
