@@ -115,12 +115,23 @@ def peak_memory_mb(device: Any) -> tuple[str, float]:
 
 
 def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[int]]:
-    """Split the task's evaluation lengths into those the model can run and those it cannot."""
+    """Split the task's evaluation lengths into those the model can run and those it cannot.
+
+    The model's ``supports_length`` decides. A model without one runs every length unless
+    its spec or its position scheme's declares ``extrapolates=False``: then it runs only
+    inputs no longer than the longest training input.
+    """
     ok: list[int] = []
     na: list[int] = []
     check = getattr(model, "supports_length", None)
+    if check is None:
+        fixed = not p.model.spec.extrapolates or (p.position and not p.position.spec.extrapolates)
+        if not fixed:
+            return list(task.eval_lengths), []
+        trained = max(input_length(e, p.fmt, task.kind) for e in task.examples("train", task.train_length))
+        check = trained.__ge__  # runs an input of n positions iff n <= trained
     for length in task.eval_lengths:
-        if length == task.train_length or check is None:
+        if length == task.train_length:
             ok.append(length)
             continue
         need = max(input_length(e, p.fmt, task.kind) for e in task.examples("val", length))
