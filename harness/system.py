@@ -153,10 +153,10 @@ def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: str, pr
     pass trains on the mixed inputs; targets are unchanged. Padding, BOS and unscored
     context (a decoder-only model's source) are never replaced.
     """
-    key = "tgt_in" if fmt == "seq2seq" else "tokens"
+    key, padding = ("tgt_in", "tgt_padding_mask") if fmt == "seq2seq" else ("tokens", "padding_mask")
     inputs = batch[key]
     coin = torch.rand(inputs[:, 1:].shape, device=inputs.device) < prob
-    replace = coin & batch["loss_mask"][:, :-1]
+    replace = coin & batch["loss_mask"][:, :-1] & ~batch[padding][:, 1:]
     mixed = inputs.clone()
     mixed[:, 1:] = torch.where(replace, logits[:, :-1].argmax(-1), inputs[:, 1:])
     return {**batch, key: mixed}
