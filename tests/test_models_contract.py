@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import harness
+import harness.errors
 from harness.data import BOS, EOS, PAD
 from harness.errors import ConfigError
 
@@ -67,6 +68,9 @@ def test_models_declare_kinds_and_length_behaviour(registry):
     rnn = declared["rnn_seq2seq"]
     assert rnn.uses_attention and not rnn.attention_required and rnn.default_attention is None
     assert not rnn.uses_position
+    widths = {"transformer": "d_model", "encoder_decoder": "d_model", "lstm": "width", "gru": "width",
+              "rnn_seq2seq": "hidden", "mlp_mixer": "d_model"}
+    assert {n: declared[n].width_param for n in widths} == widths
 
 
 def test_plugin_modules_do_not_import_torch():
@@ -228,3 +232,57 @@ def test_mlp_mixer_token_mixing_matches_a_float64_reference(registry):
                 out = out + w2[t, j] * torch.nn.functional.gelu(pre)
             expected[:, t] = out
         torch.testing.assert_close(mixing(x), expected, rtol=1e-10, atol=1e-10)
+
+
+# -- every attention variant in every role, every position scheme ----------------------
+def _names(registry, kind: str) -> list[str]:
+    return registry.names(kind)
+
+
+def test_encoder_decoder_runs_every_attention_and_position(registry):
+    """Each registered attention variant serves encoder self-, decoder self- and
+    cross-attention; each position scheme drives both stacks. Cached decoding must
+    reproduce the full pass in every pairing the plugins accept."""
+    from harness.build import check_pairing
+
+    src, tgt = tokens(2, 7), tokens(2, 6)
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    mask[0, 5:] = True
+    pairs = [(a, "none") for a in _names(registry, "attention")]
+    pairs += [("multi_head", p) for p in _names(registry, "position") if p != "none"]
+    for attention, position in pairs:
+        try:
+            check_pairing(registry.get("attention", attention), registry.get("position", position))
+        except harness.errors.IncompatibleError:
+            continue
+        torch.manual_seed(0)
+        model = harness.create_model("encoder_decoder", vocab_size=VOCAB, max_length=8,
+                                     task_kind="seq2seq", attention=attention, position=position,
+                                     registry=registry, d_model=32, heads=2).eval()
+        memory, _ = model.encode(src, mask)
+        full, _ = model.decode(tgt, memory, mask)
+        assert torch.isfinite(full).all(), (attention, position)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t: t + 1], memory, mask, cache=cache)[0] for t in range(6)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5,
+                                   msg=f"{attention} x {position}: cached decoding differs")
+
+
+@pytest.mark.parametrize("style", ["bahdanau", "luong"])
+def test_rnn_seq2seq_runs_every_attention(registry, style):
+    src, tgt = tokens(2, 7), tokens(2, 5)
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    mask[0, 4:] = True
+    for attention in _names(registry, "attention"):
+        torch.manual_seed(0)
+        model = harness.create_model("rnn_seq2seq", vocab_size=VOCAB, max_length=8,
+                                     task_kind="seq2seq", attention=attention, registry=registry,
+                                     embed_dim=16, hidden=32, style=style).eval()
+        logits, maps = model(src, tgt, src_padding_mask=mask, return_attention=True)
+        assert logits.shape == (2, 5, VOCAB) and torch.isfinite(logits).all(), attention
+        if maps and maps[0] is not None:
+            assert torch.all(maps[0][0, ..., 4:] == 0), f"{attention} attended to source padding"
+        other = src.clone()
+        other[0, 4:] = tokens(3)  # change only what the padding mask hides
+        torch.testing.assert_close(model(other, tgt, src_padding_mask=mask), logits,
+                                   rtol=1e-5, atol=1e-5, msg=f"{attention}: padding leaked")

@@ -163,6 +163,7 @@ def harness_register_model(register: Any) -> None:
             uses_position=True,
             default_attention="multi_head",
             default_position="sinusoidal",
+            width_param="d_model",
             description="Transformer encoder-decoder (Vaswani et al., 2017); any attention x position.",
         )
     )

@@ -54,6 +54,7 @@ def harness_register_model(register: Any) -> None:
             build=build,
             config=LstmConfig,
             task_kinds=frozenset({"lm", "classification"}),
+            width_param="width",
             description="Recurrent LSTM language model / classifier (layers, width, dropout).",
         )
     )

@@ -141,6 +141,7 @@ def harness_register_model(register: Any) -> None:
             config=MLPMixerConfig,
             task_kinds=frozenset({"lm", "classification"}),
             extrapolates=False,
+            width_param="d_model",
             description="Fixed-length MLP-Mixer: causal (lower-triangular) token mixing for LM.",
         )
     )

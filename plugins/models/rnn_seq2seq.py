@@ -188,6 +188,7 @@ def harness_register_model(register: Any) -> None:
             uses_attention=True,
             attention_required=False,
             uses_position=False,
+            width_param="hidden",
             description="Bidirectional RNN encoder + RNN decoder with optional attention "
                         "(RNNsearch: Bahdanau / Luong).",
         )
