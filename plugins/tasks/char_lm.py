@@ -38,6 +38,7 @@ from typing import Annotated, Any
 
 import harness
 from harness.data import Example, Task, TaskConfig, Vocab, lm_windows
+from harness.errors import PluginError
 from harness.params import Choice, IntRange
 from harness.registry import TaskSpec
 
@@ -80,7 +81,7 @@ def corpus() -> str:
     data = resources.files(__package__).joinpath("data", DATA_FILE).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != DATA_SHA256:
-        raise RuntimeError(
+        raise PluginError(
             f"{DATA_FILE} has sha256 {digest}, expected {DATA_SHA256}: the shipped corpus is "
             f"corrupt or was changed. Reinstall the package or rebuild the file as "
             f"plugins/tasks/data/README.md describes."

