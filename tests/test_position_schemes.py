@@ -158,24 +158,24 @@ def test_rope_frequencies_pi_and_ntk_match_their_formulas(registry):
 
     d, base, s = 16, 10_000.0, 4.0
     theta = plain_theta(d, base)
-    pi = rope_frequencies(d, RopeConfig(scaling="pi", scale=s), 32, extended=True)
+    pi = rope_frequencies(d, RopeConfig(scaling="pi"), 32, scale=s)
     torch.testing.assert_close(pi, theta / s)  # positions / s
-    ntk = rope_frequencies(d, RopeConfig(scaling="ntk", scale=s), 32, extended=True)
+    ntk = rope_frequencies(d, RopeConfig(scaling="ntk"), 32, scale=s)
     ntk_base = base * s ** (d / (d - 2))
     torch.testing.assert_close(ntk, plain_theta(d, ntk_base))
     # the fastest plane is untouched; the slowest, (base·s^(d/(d-2)))^(-(d-2)/d), is θ/s
     assert ntk[0] == theta[0]
     assert ntk[-1].item() == pytest.approx(theta[-1].item() / s)
-    none = rope_frequencies(d, RopeConfig(scaling="pi", scale=s), 32, extended=False)
-    torch.testing.assert_close(none, theta)
+    for scaling in ("none", "pi", "ntk", "yarn"):  # every method is plain RoPE at s = 1
+        torch.testing.assert_close(rope_frequencies(d, RopeConfig(scaling=scaling), 32, 1.0), theta)
 
 
 def test_rope_yarn_frequencies_follow_the_ramp(registry):
     from harness_plugins.position.rope import RopeConfig, rope_frequencies
 
     d, base, s, length, alpha, beta = 16, 10_000.0, 4.0, 32, 1.0, 4.0
-    cfg = RopeConfig(scaling="yarn", scale=s, yarn_alpha=alpha, yarn_beta=beta)
-    got = rope_frequencies(d, cfg, length, extended=True)
+    cfg = RopeConfig(scaling="yarn", yarn_alpha=alpha, yarn_beta=beta)
+    got = rope_frequencies(d, cfg, length, scale=s)
     expected = []
     for theta in plain_theta(d, base).tolist():
         r = length / (2 * math.pi / theta)  # turns over the original length
@@ -198,8 +198,7 @@ def test_rope_yarn_temperature_scales_logits_by_its_square(registry):
     q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 9, 16)
     q_pos, k_pos = random_positions(6, 50), random_positions(9, 50)
     q_rot, k_rot = scheme.rotate(q, k, q_pos, k_pos)
-    theta = rope_frequencies(16, RopeConfig(scaling="yarn", scale=s, yarn_alpha=1.0, yarn_beta=8.0),
-                             20, extended=True)
+    theta = rope_frequencies(16, RopeConfig(scaling="yarn", yarn_alpha=1.0, yarn_beta=8.0), 20, s)
     ref = reference_rotation(q, q_pos, theta) @ reference_rotation(k, k_pos, theta).transpose(-2, -1)
     one_over_t = (0.1 * math.log(s) + 1) ** 2  # the paper: sqrt(1/t) = 0.1 ln s + 1
     got = (q_rot @ k_rot.transpose(-2, -1)).double()
@@ -216,6 +215,18 @@ def test_rope_past_train_length_mode_switches_only_beyond_the_original_length(re
         x = torch.randn(1, 2, length, 8)
         pos = torch.arange(length)
         torch.testing.assert_close(scheme.rotate(x, x, pos, pos), reference.rotate(x, x, pos, pos))
+
+
+@pytest.mark.parametrize("scaling", ["pi", "yarn"])
+def test_rope_dynamic_scale_maps_each_length_onto_the_original(registry, scaling):
+    dynamic = build_scheme(registry, "rope", d_model=16, num_heads=2, max_length=8,
+                           scaling=scaling, dynamic=True)
+    for length, s in ((8, 1.0), (12, 1.5), (24, 3.0)):  # s = max(1, n / L)
+        fixed = build_scheme(registry, "rope", d_model=16, num_heads=2, max_length=8,
+                             scaling=scaling, scale=s)
+        x = torch.randn(1, 2, length, 8)
+        pos = torch.arange(length)
+        torch.testing.assert_close(dynamic.rotate(x, x, pos, pos), fixed.rotate(x, x, pos, pos))
 
 
 def test_rope_rejects_odd_head_width(registry):

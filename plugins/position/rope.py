@@ -27,8 +27,11 @@ for):
 ``apply`` says when the extension acts: ``always`` (train and evaluate with it: the
 "with further training" setting) or ``past_train_length`` (plain RoPE until an input is
 longer than L, then extended: "without further training", for models trained plainly).
-In the latter mode, cached decoding that grows past L mixes keys rotated before and after
-the switch; evaluate such models with full passes (as the harness does).
+``dynamic`` replaces the fixed s by s = max(1, n / L) for an input of n positions, so each
+evaluation length gets the factor that maps it onto the original length (at n <= L it is
+plain RoPE). Every method reduces to plain RoPE at s = 1. With ``past_train_length`` or
+``dynamic``, cached decoding that grows past L mixes keys rotated with different factors;
+evaluate such models with full passes (as the harness does).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class RopeConfig:
     yarn_alpha: Annotated[float, FloatRange(0.25, 4.0, log=True)] = 1.0
     yarn_beta: Annotated[float, FloatRange(4.0, 64.0, log=True)] = 32.0
     apply: str = "always"  # or "past_train_length"
+    dynamic: bool = False  # s = max(1, input length / L) instead of ``scale``
     original_length: int = 0  # L; 0: the training length the scheme is built for
 
     def __post_init__(self) -> None:
@@ -73,15 +77,15 @@ class RopeConfig:
             raise ValueError(f"original_length ({self.original_length}) must be >= 0.")
 
 
-def rope_frequencies(dim: int, config: RopeConfig, original_length: int, extended: bool) -> Any:
-    """θ_i for the D/2 planes (float64), with the context extension applied if ``extended``."""
+def rope_frequencies(dim: int, config: RopeConfig, original_length: int, scale: float) -> Any:
+    """θ_i for the D/2 planes (float64), extended by the factor ``scale`` (s; 1: plain)."""
     import torch
 
-    base, s = config.base, config.scale
-    if extended and config.scaling == "ntk":
+    base, s = config.base, scale
+    if config.scaling == "ntk":
         base = base * s ** (dim / (dim - 2))
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    if not extended or config.scaling in ("none", "ntk"):
+    if config.scaling in ("none", "ntk"):
         return theta
     if config.scaling == "pi":
         return theta / s
@@ -117,23 +121,29 @@ def module_class() -> type:
         def __init__(self, config: RopeConfig, original_length: int) -> None:
             super().__init__()
             self.config, self.original_length = config, original_length
-            self._theta: dict[tuple[int, bool, Any], Any] = {}
+            self._theta: dict[tuple[int, float, Any], Any] = {}
 
-        def extended(self, q_pos: Any, k_pos: Any) -> bool:
-            """Whether the context extension acts on this call."""
-            if self.config.scaling == "none":
-                return False
-            if self.config.apply == "always":
-                return True
+        def scale(self, q_pos: Any, k_pos: Any) -> float:
+            """The factor s of this call: 1 where the extension does not act."""
+            cfg = self.config
+            if cfg.scaling == "none":
+                return 1.0
+            if cfg.apply == "always" and not cfg.dynamic:
+                return cfg.scale
             longest = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
-            return longest > self.original_length
+            if cfg.apply == "past_train_length" and longest <= self.original_length:
+                return 1.0
+            return max(1.0, longest / self.original_length) if cfg.dynamic else cfg.scale
 
-        def theta(self, dim: int, extended: bool, device: Any) -> Any:
-            key = (dim, extended, device)
-            if key not in self._theta:
-                theta = rope_frequencies(dim, self.config, self.original_length, extended)
-                self._theta[key] = theta.to(device=device, dtype=torch.float32)
-            return self._theta[key]
+        def theta(self, dim: int, scale: float, device: Any) -> Any:
+            key = (dim, scale, device)
+            theta = self._theta.get(key)
+            if theta is None:
+                theta = rope_frequencies(dim, self.config, self.original_length, scale)
+                theta = theta.to(device=device, dtype=torch.float32)
+                if not self.config.dynamic or scale == 1.0:  # dynamic factors vary per length
+                    self._theta[key] = theta
+            return theta
 
         def _rotate(self, x: Any, positions: Any, theta: Any) -> Any:
             angles = positions.float()[:, None] * theta[None, :]  # (L, D/2)
@@ -141,11 +151,11 @@ def module_class() -> type:
             return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
 
         def rotate(self, q: Any, k: Any, q_pos: Any, k_pos: Any) -> tuple[Any, Any]:
-            extended = self.extended(q_pos, k_pos)
-            theta = self.theta(q.shape[-1], extended, q.device)
+            scale = self.scale(q_pos, k_pos)
+            theta = self.theta(q.shape[-1], scale, q.device)
             q, k = self._rotate(q, q_pos, theta), self._rotate(k, k_pos, theta)
-            if extended and self.config.scaling == "yarn":
-                mscale = yarn_mscale(self.config.scale)
+            if self.config.scaling == "yarn" and scale > 1:
+                mscale = yarn_mscale(scale)
                 q, k = q * mscale, k * mscale
             return q, k
 
