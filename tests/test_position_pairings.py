@@ -83,6 +83,17 @@ def test_pair_trains_a_few_steps_or_is_rejected_with_a_reason(registry, pair, ta
 
 
 # -- contracts of every scheme inside a causal / bidirectional Transformer ---------------------
+def test_scheme_declares_exactly_the_hooks_it_implements(registry, scheme):
+    """Pairings are checked from the declared hooks, so they must match the code."""
+    from harness.nn.position import PositionScheme
+
+    model = tiny_model(registry, "multi_head", scheme)
+    cls = type(model.position)
+    methods = {"embedding": "embed", "qk": "rotate", "bias": "score_bias"}
+    implemented = {hook for hook, m in methods.items() if getattr(cls, m) is not getattr(PositionScheme, m)}
+    assert implemented == set(registry.get("position", scheme).hooks)
+
+
 def test_scheme_leaks_nothing_from_the_future(registry, scheme):
     torch.manual_seed(1)
     model = tiny_model(registry, "multi_head", scheme, layers=2).eval()
