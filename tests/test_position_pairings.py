@@ -9,6 +9,8 @@ declare impossible must be rejected before anything is built, with the reason.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Annotated
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ import torch
 import harness
 from harness.build import check_pairing
 from harness.errors import IncompatibleError
+from harness.params import FloatRange
+from harness.registry import PositionSpec
 
 VOCAB, LENGTH = 12, 8
 TINY = {"d_model": 16, "layers": 1, "heads": 2, "ffn_mult": 2}
@@ -156,3 +160,51 @@ def test_t5_bias_is_one_table_shared_by_all_layers(registry):
     model = tiny_model(registry, "multi_head", "t5_bias", layers=3)
     names = [n for n, _ in model.named_parameters() if n.startswith("position.")]
     assert names == ["position.bias.weight"]
+
+
+# -- a third-party scheme, registered in-process like any plugin ------------------------------
+@dataclass
+class LogDistanceConfig:
+    strength: Annotated[float, FloatRange(0.1, 2.0)] = 0.5
+
+
+def build_log_distance(config, *, num_heads, **_):
+    from harness.nn.position import PositionScheme, relative_positions
+
+    class LogDistance(PositionScheme):
+        """Adds -strength · ln(1 + |i - j|) to every head's scores."""
+
+        def score_bias(self, q, q_pos, k_pos):
+            return -config.strength * torch.log1p(relative_positions(q_pos, k_pos).abs().float())
+
+    return LogDistance()
+
+
+class LogDistancePlugin:
+    @harness.hookimpl
+    def harness_register_position(self, register):
+        register(PositionSpec(name="log_distance", build=build_log_distance,
+                              config=LogDistanceConfig, hooks=frozenset({"bias"})))
+
+
+def test_an_in_process_scheme_reaches_the_scores_of_any_attention():
+    registry = harness.load_plugins(plugins=[LogDistancePlugin()])
+    spec = registry.get("position", "log_distance")
+    assert spec.distribution == "in-process"
+    for attention in registry.names("attention"):
+        if "bias" not in registry.get("attention", attention).position_hooks:
+            with pytest.raises(IncompatibleError, match="log_distance"):
+                tiny_model(registry, attention, "log_distance")
+    torch.manual_seed(5)
+    model = tiny_model(registry, "multi_head", "log_distance", position_params={"strength": 1.5})
+    x = tokens(1, 6)
+    _, maps = model(x, return_attention=True)
+    attn = model.blocks[0].self_attn
+    h = model.blocks[0].norms[0](model.embed(x)).double()
+    q = (h @ attn.q_proj.weight.double().T + attn.q_proj.bias.double()).view(6, 2, 8).transpose(0, 1)
+    k = (h @ attn.k_proj.weight.double().T + attn.k_proj.bias.double()).view(6, 2, 8).transpose(0, 1)
+    i = torch.arange(6, dtype=torch.float64)
+    bias = -1.5 * torch.log1p((i[:, None] - i[None, :]).abs())
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8) + bias
+    scores = scores.masked_fill(torch.ones(6, 6).triu(1).bool(), float("-inf"))
+    torch.testing.assert_close(maps[0][0].double(), scores.softmax(-1), atol=1e-5, rtol=1e-4)
