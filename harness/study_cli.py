@@ -1,0 +1,142 @@
+"""``harness study run | create | status`` and ``harness report``.
+
+Only argparse is imported here: ``harness --help`` must stay fast, so every handler imports
+the study and report modules (and through them optuna, mlflow, torch) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _storage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage, any SQLAlchemy URL (default: SQLite in $HARNESS_HOME "
+                        "or ./.harness); e.g. postgresql+psycopg://user@host:5432/db")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the one the "
+                        "study was created with)")
+
+
+def _quiet(workers: bool = False) -> None:
+    """Keep a worker's output to one line per trial."""
+    import logging
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if workers:
+        import lightning.pytorch  # noqa: F401  (it sets its loggers' levels on import)
+
+        for name in ("lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Load and validate the study file (before anything is created), open the storage and
+    create or resume the study."""
+    from harness import study, study_config
+
+    cfg = study_config.load_study_config(args.file, args.study_name)
+    space = study_config.validate(cfg, study_config.load_registry(cfg))
+    _quiet(workers=True)
+    url = args.storage or study.default_storage_url()
+    r = cfg.resume
+    storage = study.open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
+    return study.create_or_resume(space, storage, url, args.tracking_uri), space
+
+
+def cmd_study_create(args: argparse.Namespace) -> int:
+    handle, _ = _prepare(args)
+    print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}"
+          + (f" --storage {args.storage}`" if args.storage else "`"))
+    return 0
+
+
+def cmd_study_run(args: argparse.Namespace) -> int:
+    from harness import study
+
+    handle, space = _prepare(args)
+    for note in handle.record.get("notes", []):
+        print(f"note: {note}")
+    print(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at {handle.tracker.uri}",
+          flush=True)
+    summary = study.run_worker(handle, space, log=lambda line: print(line, flush=True))
+    print(study.describe(handle, study.progress(handle)))
+    storage = f" --storage {args.storage}" if args.storage else ""
+    if summary.complete and args.report:
+        from harness import report
+
+        out = report.write_report(handle, args.out)
+        print(f"report: {out / 'results.md'} (also logged to the parent run)")
+    elif summary.complete:
+        print(f"write the report with `harness report {handle.name}{storage}`; browse with `harness ui`")
+    return 0
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from harness import study
+
+    _quiet()
+    url = args.storage or study.default_storage_url()
+    storage = study.open_storage(url, must_exist=True)
+    return study.open_study(args.study, storage, url, args.tracking_uri)
+
+
+def cmd_study_status(args: argparse.Namespace) -> int:
+    from harness import study
+
+    handle = _open(args)
+    ended = study.reconcile(handle)
+    prog = study.progress(handle)
+    study.settle_parent(handle, prog)
+    print(study.describe(handle, prog))
+    if ended:
+        print(f"  ended {len(ended)} orphaned MLflow run(s) of interrupted trials as KILLED")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness import report
+
+    handle = _open(args)
+    out = report.write_report(handle, args.out)
+    print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
+    for name in ("results.md", "results.html", "summary.json"):
+        print(f"  {out / name}")
+    return 0
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``study`` (run, create, status) and ``report`` to the ``harness`` command."""
+    study = subparsers.add_parser("study", help="comparison studies: run, create, status")
+    sub = study.add_subparsers(dest="study_command", metavar="COMMAND")
+    study.set_defaults(handler=lambda args: study.print_help() or 0)
+
+    p = sub.add_parser("run", help="create (or resume) a study and work on it until it is complete")
+    p.add_argument("file", help="study YAML (see studies/quickstart.yaml)")
+    p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--report", action="store_true", help="write the report when the study completes")
+    p.add_argument("--out", default=None, help="report folder (with --report)")
+    _storage_args(p)
+    p.set_defaults(handler=cmd_study_run)
+
+    p = sub.add_parser("create", help="create a study without running it (before starting "
+                                      "several workers)")
+    p.add_argument("file", help="study YAML")
+    p.add_argument("--study-name", default=None, help="override the study's name")
+    _storage_args(p)
+    p.set_defaults(handler=cmd_study_create)
+
+    p = sub.add_parser("status", help="progress of a study")
+    p.add_argument("study", help="study name")
+    _storage_args(p)
+    p.set_defaults(handler=cmd_study_status)
+
+    p = subparsers.add_parser("report", help="ranked table, curves, front and plots of a study")
+    p.add_argument("study", help="study name")
+    p.add_argument("--out", default=None,
+                   help="report folder (default: $HARNESS_HOME/reports/<study>)")
+    _storage_args(p)
+    p.set_defaults(handler=cmd_report)
