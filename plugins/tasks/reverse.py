@@ -5,6 +5,8 @@ last to first. Unlike ``copy``, the first output depends on the last input, so t
 must carry the whole source to the point where it starts writing: the classic probe for
 encoder-decoder models without attention (Sutskever et al., 2014) and the task where
 attention makes the largest difference. Decoder-only models see ``src SEP tgt``.
+Validation also reports ``greedy_exact``, the exact-match rate of free-running greedy
+decoding (``decode_eval: false`` skips it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from harness.registry import TaskSpec
 @dataclass
 class ReverseConfig(TaskConfig):
     vocab: Annotated[int, IntRange(2, 64, log=True)] = 8  # distinct symbols
+    # also decode every validation source freely and report ``greedy_exact``
+    decode_eval: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +49,18 @@ class ReverseTask(Task):
             src = [first + rng.randrange(self.num_symbols) for _ in range(length)]
             out.append({"src": src, "tgt": src[::-1]})
         return out
+
+    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: str) -> dict[str, tuple[float, float]]:
+        """``greedy_exact``: the share of sources reversed exactly when the model decodes
+        freely (its own outputs fed back), stricter than teacher-forced accuracy."""
+        if not self.config.decode_eval:  # type: ignore[attr-defined]
+            return {}
+        from harness.decoding import greedy
+
+        examples = batch["examples"]
+        outputs = greedy(model, examples, fmt)
+        right = sum(out == list(e["tgt"]) for out, e in zip(outputs, examples, strict=True))
+        return {"greedy_exact": (float(right), float(len(examples)))}
 
 
 def build(config: ReverseConfig, *, seed: int) -> ReverseTask:
