@@ -391,13 +391,14 @@ def component_space(
         raise ConfigError(
             f"{where}: {', '.join(both)} is both fixed (params) and searched (search); keep one."
         )
-    resolve(spec.config, comp.params, f"{where}.params")  # types and constraints of fixed values
+    for name, value in comp.params.items():
+        _check_type(params[name], value, f"{where}.params.{name}")
     fixed = dict(comp.params)
     ranges: dict[str, Range] = {}
     for name, raw in comp.search.items():
         rng = parse_range(raw, _numeric(params[name].type), f"{where}.search.{name}")
         for value in _range_values(rng):
-            resolve(spec.config, {**fixed, name: value}, f"{where}.search.{name}")
+            _check_type(params[name], value, f"{where}.search.{name}")
         ranges[name] = rng
     if not comp.search_declared:
         fixed.update({p.name: p.default for p in params.values()
@@ -406,6 +407,18 @@ def component_space(
         ranges.pop(width, None)
         fixed[width] = params[width].default
     return ComponentSpace(role, spec, fixed, ranges)
+
+
+def _check_type(param: Param, value: Any, where: str) -> None:
+    """One value against its declared type. Constraints between values (``d_model``
+    divisible by ``heads``) are checked on whole configs: a sampled combination that breaks
+    one fails its trial with the reason."""
+    from pydantic import TypeAdapter
+
+    try:
+        TypeAdapter(param.type).validate_python(value)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {value!r} is invalid: {exc.errors()[0]['msg']}.") from None
 
 
 def _width_values(param: Param, override: Any, where: str) -> list[int]:
@@ -531,19 +544,25 @@ class StudySpace:
     @cached_property
     def task(self) -> Any:
         """The study's task, built once (parameter matching needs its vocabulary)."""
-        from harness.build import build_task, plan
-        from harness.config import parse_run_config
-
-        p = plan(parse_run_config(self.base_run_config(self.candidates[0])), self.registry)
-        return build_task(p, seed=self.config.data_seed)
+        spec = self.registry.get("task", self.config.task.name)
+        params = resolve(spec.config, self.config.task.params, "task.params")
+        try:
+            return spec.build(params, seed=self.config.data_seed)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"task '{spec.name}' could not be built: {exc}. Check task.params.") from None
 
     def base_run_config(self, cand: CandidateSpace) -> dict[str, Any]:
-        """Task and model of a candidate with only its fixed values (defaults elsewhere)."""
-        model: dict[str, Any] = {"name": cand.model.spec.name, "params": dict(cand.model.fixed)}
-        for role in ("attention", "position"):
-            comp = getattr(cand, role)
+        """Task and model of a candidate: its fixed values and the first option of each
+        range the YAML gives (plugin defaults elsewhere); the configuration validated
+        before a study starts."""
+        def entry(comp: ComponentSpace) -> dict[str, Any]:
+            params = dict(comp.fixed) | {k: _first(r) for k, r in comp.ranges.items()}
+            return {"name": comp.spec.name, "params": params}
+
+        model = entry(cand.model)
+        for comp in (cand.attention, cand.position):
             if comp is not None:
-                model[role] = {"name": comp.spec.name, "params": dict(comp.fixed)}
+                model[comp.role] = entry(comp)
         return {"task": self.config.task.model_dump(), "model": model}
 
     def count_params(self, run: dict[str, Any]) -> int | None:
@@ -598,12 +617,28 @@ def _first(rng: Range) -> Any:
     return rng.options[0] if isinstance(rng, Choice) else rng.low
 
 
-def validate(config: StudyConfig, registry: Registry) -> StudySpace:
-    """Check everything that can be checked before a trial runs: names, fixed values, ranges,
-    pairings, task compatibility, the objective's evaluation length, parameter matching."""
+def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
+    """Resolve the candidate's base configuration (names, pairing, task compatibility); with
+    parameter matching, any one width that makes it valid will do."""
     from harness.build import plan
     from harness.config import parse_run_config
 
+    first_error = None
+    for width in cand.widths or [None]:
+        run = space.base_run_config(cand)
+        if width is not None:
+            run["model"]["params"][str(cand.width_param)] = width
+        try:
+            plan(parse_run_config(run), space.registry)
+            return
+        except HarnessError as exc:
+            first_error = first_error or exc
+    raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {first_error}") from None
+
+
+def validate(config: StudyConfig, registry: Registry) -> StudySpace:
+    """Check everything that can be checked before a trial runs: names, fixed values, ranges,
+    pairings, task compatibility, the objective's evaluation length, parameter matching."""
     try:
         tspec = registry.get("task", config.task.name)
     except HarnessError as exc:
@@ -614,10 +649,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     cands = [candidate_space(registry, c, i, match) for i, c in enumerate(config.candidates)]
     space = StudySpace(config, registry, cands, train_ranges, 0, ())
     for cand in cands:
-        try:
-            plan(parse_run_config(space.base_run_config(cand)), registry)
-        except HarnessError as exc:
-            raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {exc}") from None
+        _check_plan(space, cand)
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
     length = config.objective.length
     if length is not None and length not in space.eval_lengths:
