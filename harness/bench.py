@@ -55,7 +55,7 @@ class Settings:
     variants: tuple[str, ...] = ()  # empty: every registered variant
     plugins: tuple[str, ...] = ()  # local plugin files
     max_memory_gb: float = 8.0
-    min_time_s: float = 1.0  # time passes until this much, at least 2, at most 50
+    min_time_s: float = 1.0  # time passes until this much, at least 1, at most 50
     timeout_s: float = 600.0
 
 
@@ -144,10 +144,10 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the high-water mark
         one_pass(length)
-        peak_mb = (_proc_status_kb("VmHWM") - before_kb) / 1024
+        peak_mb = max(0.0, (_proc_status_kb("VmHWM") - before_kb) / 1024)  # counters lag ~256 KB
     sync()
     times: list[float] = []
-    while len(times) < 2 or (sum(times) < job["min_time_s"] and len(times) < 50):
+    while not times or (sum(times) < job["min_time_s"] and len(times) < 50):
         start = time.perf_counter()
         one_pass(length)
         sync()
@@ -223,14 +223,14 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 def format_row(m: Measurement, results: list[Measurement]) -> str:
     if m.status != "ok":
-        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} | | | | | | |"
+        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} |" + " |" * 7
     speed, memory = [], []
     for name in BASELINES:
         base = _baseline(results, name, m.length)
         speed.append(_ratio(m.tokens_per_s, base.tokens_per_s if base else None))
         memory.append(_ratio(m.peak_mb, base.peak_mb if base else None))
     return (
-        f"| {m.variant} | {m.heads} | {m.length} | {m.ms:.1f} | {m.tokens_per_s:,.0f} "
+        f"| {m.variant} | {m.heads} | {m.length} | {m.ms:.1f} | {m.passes} | {m.tokens_per_s:,.0f} "
         f"| {' | '.join(speed)} | {m.peak_mb:,.1f} | {' | '.join(memory)} |"
     )
 
@@ -243,8 +243,8 @@ MEMORY_METHOD = {
            "workspaces, so the smallest sizes read within a few MB of noise",
 }
 HEADER = (
-    "| variant | heads | L | fwd+bwd ms | tokens/s | speed × SDPA | speed × MHA | peak MB "
-    "| memory × SDPA | memory × MHA |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| variant | heads | L | fwd+bwd ms | passes | tokens/s | speed × SDPA | speed × MHA "
+    "| peak MB | memory × SDPA | memory × MHA |\n" + "|---" * 11 + "|"
 )
 
 
@@ -286,8 +286,8 @@ def markdown(settings: Settings, results: list[Measurement], machine_line: str, 
   {settings.dtype}, {settings.threads} torch thread(s); every variant at its default hyper-parameters
   (`heads` is the head count the layer runs: the single-head classics ignore the model's).
 - Throughput: tokens (batch x length) per second of one forward + backward pass: the median
-  of at least 2 timed passes (repeated for {settings.min_time_s:g} s, at most 50) after one full-size
-  pass; each (variant, length) runs in a fresh subprocess.
+  of the timed passes (repeated for {settings.min_time_s:g} s, at least 1, at most 50; column
+  `passes`) after one untimed full-size pass; each (variant, length) runs in a fresh subprocess.
 - Peak memory: {MEMORY_METHOD[settings.device]}.
 - Baselines, same run and settings: `torch.sdpa` = fused q/k/v projection +
   `F.scaled_dot_product_attention` + output projection; `torch.nn.MultiheadAttention` =

@@ -18,7 +18,7 @@ def job(variant: str, length: int = 24) -> dict:
 @pytest.mark.parametrize("variant", ["linear", *bench.BASELINES])
 def test_one_measurement_reports_time_memory_and_heads(variant):
     result = bench.measure(job(variant))
-    assert result["ms"] > 0 and result["passes"] >= 2
+    assert result["ms"] > 0 and result["passes"] >= 1
     assert result["peak_mb"] >= 0
     assert result["heads"] == 2
 
@@ -51,9 +51,9 @@ def test_bench_attention_command_prints_and_records_a_table(tmp_path, capsys):
                      "torch.nn.MultiheadAttention", "sliding_window", "sliding_window"]
     measured = [row for row in rows if "| 16 |" in row]
     skipped = [row for row in rows if "| 1000000 |" in row]
-    assert all(row.count("|") == 11 for row in measured)
+    assert all(row.count("|") == 12 for row in rows)
     assert all("skipped (est." in row for row in skipped)
-    ratio = measured[-1].split("|")[6].strip()  # speed × SDPA of sliding_window
+    ratio = measured[-1].split("|")[7].strip()  # speed × SDPA of sliding_window
     assert float(ratio) > 0
     assert "sliding_window" in printed and str(out) in printed
 

@@ -17,6 +17,9 @@ or that call a fused kernel) and, if its decoding state is not "all keys and val
   and attends over everything so far (cross-attention computes the memory's keys/values
   once).
 
+An ``attend`` override receives the per-head ``q, k, v`` and the keywords ``q_pos, k_pos,
+causal, key_padding_mask, bias, need_weights, state, cross`` (see :meth:`Attention.attend`).
+
 Mask convention: ``key_padding_mask`` is (B, Lk) with ``True`` at padding (ignored keys);
 ``allowed`` masks are ``True`` where a query may attend to a key. A query that may attend
 to no key at all (a padded query under a causal mask, an all-padding sequence) gets a zero
