@@ -189,7 +189,7 @@ class Attention(nn.Module):
     # -- shape helpers -------------------------------------------------------------------
     def split_heads(self, x: Tensor, dim: int) -> Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, self.num_heads, dim).transpose(1, 2)
+        return x.reshape(b, n, self.num_heads, dim).transpose(1, 2)  # identity projections pass views
 
     def merge_heads(self, x: Tensor) -> Tensor:
         b, h, n, d = x.shape

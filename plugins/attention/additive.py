@@ -56,7 +56,7 @@ class AdditiveConfig:
 
 def build(config: AdditiveConfig, *, d_model: int, num_heads: int) -> Any:
     if d_model % config.heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by heads ({config.heads}).")
+        raise ValueError(f"d_model ({d_model}) must be divisible by heads ({config.heads})")
     return module_class()(
         d_model,
         config.heads,
