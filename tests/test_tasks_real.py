@@ -213,6 +213,8 @@ def test_g2p_metrics_decode_greedily_in_both_batch_formats(registry, fmt):
     metrics = task.extra_metrics(model, collate(examples, fmt, task.kind), fmt)
     ref_len = sum(len(e["tgt"]) - 1 for e in examples)
     assert metrics == {"per": (4.0, float(ref_len)), "wer": (4.0, 8.0)}
+    quiet = g2p(registry, num_val=8, decode_eval=False)
+    assert quiet.extra_metrics(model, collate(examples, fmt, task.kind), fmt) == {}
 
 
 # -- stable across processes ----------------------------------------------------------------

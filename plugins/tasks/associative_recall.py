@@ -47,8 +47,8 @@ from harness.registry import TaskSpec
 
 @dataclass
 class AssociativeRecallConfig(TaskConfig):
-    length: Annotated[int, IntRange(16, 2048, log=True)] = 64  # model inputs per example
-    vocab: Annotated[int, IntRange(16, 8192, log=True)] = 64  # symbols: half keys, half values
+    length: Annotated[int, IntRange(16, 2048, log=True)] = 32  # model inputs per example
+    vocab: Annotated[int, IntRange(16, 8192, log=True)] = 32  # symbols: half keys, half values
     num_kv_pairs: Annotated[int, IntRange(1, 64, log=True)] = 4
     power_a: Annotated[float, FloatRange(0.01, 1.0, log=True)] = 0.01  # query-gap power law
 
