@@ -1,4 +1,4 @@
-"""Greedy decoding for evaluation (free-running, no teacher forcing).
+"""Greedy and beam-search decoding for evaluation (free-running, no teacher forcing).
 
 Two model protocols:
 
@@ -151,7 +151,7 @@ def _beam_one(next_logprobs: Callable[[Any], Any], beam_size: int, max_len: int,
     finished: list[tuple[float, list[int]]] = []
     for step in range(max_len):
         prefixes = torch.tensor(alive, dtype=torch.long, device=device).view(len(alive), step)
-        totals = next_logprobs(prefixes) + scores[:, None].to(device)
+        totals = next_logprobs(prefixes) + scores[:, None]
         vocab = totals.shape[1]
         best, index = totals.flatten().topk(min(beam_size, totals.numel()))
         keep, keep_scores = [], []
@@ -170,7 +170,7 @@ def _beam_one(next_logprobs: Callable[[Any], Any], beam_size: int, max_len: int,
         if length_penalty == 0 and finished and finished[0][0] >= keep_scores[0]:
             break
         alive, scores = keep, totals.new_tensor(keep_scores)
-    return finished[0][1]
+    return finished[0][1] if finished else []
 
 
 def edit_distance(a: Sequence[Any], b: Sequence[Any]) -> int:
