@@ -1,9 +1,9 @@
 """``associative_recall``: multi-query associative recall (MQAR), as defined in Zoology.
 
 Arora, Eyuboglu et al., "Zoology: Measuring and Improving Recall in Efficient Language
-Models" (ICLR 2024, arXiv:2312.04927), Section 3, and the authors' generator
-(``zoology/data/multiquery_ar.py`` in HazyResearch/zoology). One example of ``length`` L
-model inputs with D = ``num_kv_pairs``:
+Models" (ICLR 2024, arXiv:2312.04927), the MQAR definition, and the authors' reference
+generator (``zoology/data/multiquery_ar.py`` in HazyResearch/zoology), which fixes the
+details below. One example of ``length`` L model inputs with D = ``num_kv_pairs``:
 
 * keys are drawn from the first half of the ``vocab`` symbols (``k0``, ``k1``, ...) and values
   from the second half (``v0``, ``v1``, ...): the two sets are disjoint. Each example binds D
