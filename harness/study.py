@@ -102,9 +102,9 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             f"--storage with the URL the study was created in."
         )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
     try:
         with _quiet_experimental():
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
     except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver
@@ -640,6 +640,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
     label = f"[{job.phase} {job.cand.name} #{number}]"
     started = time.monotonic()
     with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
+        study.get_trials(deepcopy=False)  # like ask(): the study's storage now knows the trial
         trial = optuna.trial.Trial(study, trial_id)
         try:
             run = _job_run_config(handle, space, job, trial)

@@ -1,0 +1,368 @@
+"""Studies end to end on CPU, checked through MlflowClient and the Optuna storage: one tiny
+real study (tuning, pruning, confirmation, report), the pruning callback's steps, a worker
+killed with SIGKILL and resumed, and the same study against a real ``mlflow server``.
+(Several workers on PostgreSQL: tests/test_study_workers.py.)"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from harness.cli import main
+
+CANDIDATE = {
+    "name": "mha",
+    "model": {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16, "ffn_mult": 2},
+              "search_declared": False,
+              "attention": {"name": "multi_head", "search_declared": False},
+              "position": {"name": "sinusoidal", "search_declared": False}},
+}
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 128, "num_val": 32,
+                                        "eval_lengths": [6]}},
+    "candidates": [CANDIDATE],
+    "objective": {"metric": "acc", "length": 6},
+    "search": {"lr": {"low": 1.0e-3, "high": 2.0e-2, "log": True}},
+    "train": {"batch_size": 16, "val_every": 10, "warmup_steps": 2, "num_threads": 1},
+    "budget": {"trials": 2, "steps": 20},
+    "confirm": {"seeds": 2},
+    "resume": {"heartbeat_s": 1, "grace_s": 2, "poll_s": 0.3},
+}
+
+
+def tiny_study(tmp: Path, name: str = "tiny", **top: Any) -> Path:
+    data = copy.deepcopy(TINY) | {"name": name} | top
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def nope() -> dict[str, Any]:
+    cand = copy.deepcopy(CANDIDATE)
+    cand["name"] = "nope"
+    cand["model"]["position"] = {"name": "none"}
+    return cand
+
+
+def children(client: MlflowClient, parent: str) -> list[Any]:
+    exp = client.get_run(parent).info.experiment_id
+    return list(client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent}'"))
+
+
+def record(storage: str, name: str) -> dict[str, Any]:
+    return optuna.load_study(study_name=name, storage=storage).user_attrs["harness.record"]
+
+
+def trials(storage: str, name: str, phase: str, cand: str) -> list[Any]:
+    return optuna.load_study(study_name=f"{name}/{phase}/{cand}", storage=storage).get_trials()
+
+
+def brute_force_p(d: list[float]) -> float:
+    obs = abs(sum(d) / len(d))
+    flips = list(itertools.product((1, -1), repeat=len(d)))
+    return sum(abs(sum(s * x for s, x in zip(f, d, strict=True)) / len(d)) >= obs - 1e-12
+               for f in flips) / len(flips)
+
+
+# -- one tiny study, end to end ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """Two candidates x 2 trials + 2 confirmation seeds, run and reported in-process."""
+    tmp = tmp_path_factory.mktemp("study")
+    path = tiny_study(tmp, candidates=[CANDIDATE, nope()])
+    storage, uri = f"sqlite:///{tmp / 'optuna.db'}", f"sqlite:///{tmp / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_HOME", str(tmp / ".harness"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        code = main(["study", "run", str(path), "--storage", storage, "--tracking-uri", uri,
+                     "--report", "--out", str(tmp / "report")])
+    assert code == 0
+    return {"path": path, "storage": storage, "uri": uri, "out": tmp / "report", "tmp": tmp}
+
+
+@pytest.mark.slow
+def test_optuna_storage_holds_every_slot_once(finished):
+    rec = record(finished["storage"], "tiny")
+    assert rec["ready"] and rec["train_length"] == 4 and rec["eval_lengths"] == [4, 6]
+    for cand in ("mha", "nope"):
+        tune = trials(finished["storage"], "tiny", "tune", cand)
+        assert [t.number for t in tune] == [0, 1]
+        assert sorted(t.user_attrs["harness.slot"] for t in tune) == [0, 1]
+        assert all(t.state == TrialState.COMPLETE for t in tune)
+        assert all("train.lr" in t.params for t in tune)
+        confirm = trials(finished["storage"], "tiny", "confirm", cand)
+        assert sorted(t.user_attrs["harness.seed"] for t in confirm) == [1, 2]  # never seed 0
+        assert all(t.state == TrialState.COMPLETE for t in confirm)
+        best = max(tune, key=lambda t: t.value)
+        for t in confirm:  # the best configuration, re-run with another seed
+            assert t.user_attrs["harness.tuning_trial"] == best.number
+            run_cfg = t.user_attrs["harness.run_config"]
+            assert run_cfg["train"]["lr"] == best.params["train.lr"]
+            assert run_cfg["train"]["seed"] == t.user_attrs["harness.seed"]
+
+
+@pytest.mark.slow
+def test_mlflow_runs_nest_under_one_parent(finished):
+    client = MlflowClient(finished["uri"])
+    parent = record(finished["storage"], "tiny")["parent_run_id"]
+    prun = client.get_run(parent)
+    assert prun.info.status == "FINISHED"
+    assert prun.data.tags["harness.study"] == "tiny"
+    runs = children(client, parent)
+    assert len(runs) == 8  # 2 candidates x (2 trials + 2 seeds): one child per trial
+    by_trial = {r.data.tags["harness.trial"]: r for r in runs}
+    for cand in ("mha", "nope"):
+        for phase in ("tune", "confirm"):
+            for t in trials(finished["storage"], "tiny", phase, cand):
+                run = by_trial[f"tiny/{phase}/{cand}#{t.number}"]
+                assert t.user_attrs["harness.mlflow_run_id"] == run.info.run_id
+                assert run.info.status == "FINISHED"
+                assert run.data.tags["harness.candidate"] == cand
+                assert run.data.params["train.seed"] == str(t.user_attrs["harness.run_config"]["train"]["seed"])
+                assert run.data.metrics["val/acc_len6"] == pytest.approx(t.value)
+    assert not list(client.search_runs([prun.info.experiment_id], "attributes.status = 'RUNNING'"))
+
+
+@pytest.mark.slow
+def test_report_files_and_statistics(finished):
+    out = finished["out"]
+    for name in ("results.md", "results.html", "summary.json", "learning_curves.png",
+                 "extrapolation.png", "front.png", "optuna/mha_history.png",
+                 "optuna/nope_importance.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert list((out / "attention").glob("mha_seed*_attention_*.png"))
+    summary = json.loads((out / "summary.json").read_text())
+    client = MlflowClient(finished["uri"])
+    values = {}
+    for cand in summary["candidates"]:
+        # independent read: the objective metric of each confirmation run from MLflow
+        vals = {int(seed): client.get_run(run_id).data.metrics["val/acc_len6"]
+                for seed, run_id in cand["runs"].items()}
+        assert sorted(vals) == [1, 2]
+        assert cand["mean"] == pytest.approx(sum(vals.values()) / 2)
+        if vals[1] != vals[2]:
+            assert min(vals.values()) <= cand["ci"][0] <= cand["mean"] <= cand["ci"][1] <= max(vals.values())
+        assert cand["by_length"]["6"] == pytest.approx(cand["mean"])
+        assert cand["cost"]["params"] == client.get_run(cand["runs"]["1"]).data.metrics["cost/params"]
+        values[cand["name"]] = vals
+    base, other = summary["candidates"]
+    assert base["name"] == "mha" and base["paired"] is None
+    diffs = [values["nope"][s] - values["mha"][s] for s in (1, 2)]
+    assert other["paired"]["n"] == 2
+    assert other["paired"]["mean_difference"] == pytest.approx(sum(diffs) / 2)
+    assert other["paired"]["p_value"] == pytest.approx(brute_force_p(diffs))
+    better = max(summary["candidates"], key=lambda c: c["mean"])
+    assert better["rank"] == 1.0 or base["mean"] == other["mean"]
+    md = (out / "results.md").read_text()
+    assert "| rank | candidate |" in md and "transformer · multi_head · none" in md
+    assert "<table>" in (out / "results.html").read_text()
+    parent = summary["parent_run_id"]
+    logged = {f.path for f in client.list_artifacts(parent, "report")}
+    assert {"report/results.md", "report/results.html", "report/summary.json"} <= logged
+
+
+@pytest.mark.slow
+def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
+    args = ["--storage", finished["storage"], "--tracking-uri", finished["uri"]]
+    assert main(["study", "run", str(finished["path"]), *args]) == 0
+    assert len(trials(finished["storage"], "tiny", "tune", "mha")) == 2
+    assert main(["study", "status", "tiny", *args]) == 0
+    out = capsys.readouterr().out
+    assert "study tiny: complete" in out and "2/2 (2 complete, 0 pruned, 0 failed)" in out
+    changed = yaml.safe_load(finished["path"].read_text())
+    changed["budget"]["trials"] = 3
+    finished["path"].write_text(yaml.safe_dump(changed))
+    assert main(["study", "run", str(finished["path"]), *args]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert len(trials(finished["storage"], "tiny", "tune", "mha")) == 2
+
+
+# -- pruning ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_pruned_trials_end_killed_with_a_tag(tmp_path, capsys):
+    # Random sampler, slot-seeded: slot 0 draws lr 0.03, slots 1 and 2 draw 1e-6 (which does
+    # not learn), so the median pruner (after one completed trial) prunes them at step 10.
+    path = tiny_study(tmp_path, "prune", objective={"metric": "loss"},
+                      search={"lr": [0.03, 1.0e-6]}, sampler={"name": "random", "seed": 6},
+                      pruner={"name": "median", "startup_trials": 1},
+                      budget={"trials": 3, "steps": 30}, confirm={"seeds": 1},
+                      train={"batch_size": 16, "val_every": 10, "warmup_steps": 0, "num_threads": 1})
+    assert main(["study", "run", str(path)]) == 0
+    storage = f"sqlite:///{os.environ['HARNESS_HOME']}/optuna.db"
+    tune = trials(storage, "prune", "tune", "mha")
+    assert [t.params["train.lr"] for t in tune] == [0.03, 1e-6, 1e-6], "sampler draws changed"
+    assert [t.state for t in tune] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
+    assert all(list(t.intermediate_values) == [10] for t in tune[1:])
+    client = MlflowClient(f"sqlite:///{os.environ['HARNESS_HOME']}/mlflow.db")
+    for t in tune[1:]:
+        run = client.get_run(t.user_attrs["harness.mlflow_run_id"])
+        assert run.info.status == "KILLED" and run.data.tags["harness.pruned"] == "true"
+    assert main(["study", "status", "prune"]) == 0
+    assert "3/3 (1 complete, 2 pruned, 0 failed)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_trial_callback_reports_at_optimizer_steps(registry):
+    """Why the study has its own callback: when one epoch holds several validations (here
+    64 batches per epoch, validation every 10 steps), the integration's reports all land on
+    step 0 (the epoch) and Optuna keeps only the first."""
+    from optuna_integration import PyTorchLightningPruningCallback
+
+    from harness.run import train
+    from harness.study import trial_callback
+
+    model = CANDIDATE["model"]
+    task = copy.deepcopy(TINY["task"])
+    task["params"]["num_train"] = 1024
+    cfg = {"task": task,
+           "model": {"name": model["name"], "params": model["params"],
+                     "attention": {"name": model["attention"]["name"]},
+                     "position": {"name": model["position"]["name"]}},
+           "train": TINY["train"] | {"max_steps": 30, "lr": 0.01, "progress": False}}
+    ours, theirs = optuna.create_study().ask(), optuna.create_study().ask()
+    train(cfg, registry=registry,
+          callbacks=[trial_callback(ours, "val/acc", report=True, prune=False, max_steps=30),
+                     PyTorchLightningPruningCallback(theirs, monitor="val/acc")])
+    assert sorted(ours.study.trials[0].intermediate_values) == [10, 20, 30]
+    assert sorted(theirs.study.trials[0].intermediate_values) == [0]
+    assert ours.study.trials[0].user_attrs["harness.mlflow_run_id"]
+
+
+# -- a worker killed mid-trial -----------------------------------------------------------------
+@pytest.mark.slow
+def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):
+    path = tiny_study(tmp_path, "killed", budget={"trials": 2, "steps": 300},
+                      train={"batch_size": 8, "val_every": 50, "num_threads": 1},
+                      confirm={"seeds": 1})
+    storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
+    args = ["--storage", storage, "--tracking-uri", uri]
+    worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    try:
+        victim = _wait_for_a_training_trial(storage, worker)
+        time.sleep(0.5)
+    finally:
+        worker.kill()  # SIGKILL: no cleanup runs
+        worker.wait()
+    client = MlflowClient(uri)
+    run_id = victim.user_attrs["harness.mlflow_run_id"]
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert _state(storage, victim) == TrialState.RUNNING
+
+    assert main(["study", "run", str(path), *args]) == 0
+
+    tune = trials(storage, "killed", "tune", "mha")
+    killed = next(t for t in tune if t.number == victim.number)
+    assert killed.state == TrialState.FAIL
+    retry = next(t for t in tune if victim.number in t.system_attrs.get("retry_history", []))
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
+    assert retry.user_attrs["harness.slot"] == killed.user_attrs["harness.slot"]
+    assert sum(t.state == TrialState.COMPLETE for t in tune) == 2  # the budget, exactly
+    assert len(tune) == 3
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["harness.interrupted"] == "true"
+    parent = record(storage, "killed")["parent_run_id"]
+    assert client.get_run(parent).info.status == "FINISHED"
+    exp = client.get_run(parent).info.experiment_id
+    assert not list(client.search_runs([exp], "attributes.status = 'RUNNING'"))
+    assert len(children(client, parent)) == 4  # 3 tuning attempts + 1 confirmation
+
+
+def _wait_for_a_training_trial(storage: str, worker: subprocess.Popen) -> Any:
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        assert worker.poll() is None, "the worker exited before it could be killed"
+        try:
+            for t in trials(storage, "killed", "tune", "mha"):
+                if t.state == TrialState.RUNNING and "harness.mlflow_run_id" in t.user_attrs:
+                    return t
+        except KeyError:
+            pass  # not created yet
+        time.sleep(0.2)
+    raise AssertionError("no trial started training in time")
+
+
+def _state(storage: str, trial: Any) -> TrialState:
+    return next(t.state for t in trials(storage, "killed", "tune", "mha") if t.number == trial.number)
+
+
+# -- a real mlflow server ---------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed in teardown)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+         f"sqlite:///{tmp_path / 'server.db'}", "--default-artifact-root",
+         (tmp_path / "server-artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise AssertionError("mlflow server did not start: "
+                                         + (tmp_path / "server.log").read_text()[-2000:]) from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_same_study_against_an_mlflow_server(tmp_path, mlflow_server):
+    path = tiny_study(tmp_path, "served")
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    assert main(["study", "run", str(path), "--storage", storage, "--tracking-uri", mlflow_server,
+                 "--report", "--out", str(tmp_path / "report")]) == 0
+    client = MlflowClient(mlflow_server)
+    rec = record(storage, "served")
+    assert rec["tracking_uri"] == mlflow_server
+    parent = client.get_run(rec["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    runs = children(client, parent.info.run_id)
+    assert sorted((r.data.tags["harness.phase"], r.info.status) for r in runs) == [
+        ("confirm", "FINISHED"), ("confirm", "FINISHED"), ("tune", "FINISHED"), ("tune", "FINISHED")]
+    for phase in ("tune", "confirm"):
+        for t in trials(storage, "served", phase, "mha"):
+            assert client.get_run(t.user_attrs["harness.mlflow_run_id"]).data.tags[
+                "mlflow.parentRunId"] == parent.info.run_id
+    assert "report/summary.json" in {f.path for f in client.list_artifacts(parent.info.run_id, "report")}
+    # status and report find the server from the study's record alone
+    assert main(["study", "status", "served", "--storage", storage]) == 0
