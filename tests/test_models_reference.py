@@ -71,12 +71,12 @@ def test_encoder_decoder_matches_pytorch_transformer_layers(registry, norm):
     tgt_in = torch.randint(4, VOCAB, (3, 5))
     src_mask = src == PAD
     emb = model.src_embed.weight  # tied: one table for source, target and output
-    x = emb[src]
+    x = emb[src] * d**0.5  # the paper's embedding scale (section 3.4)
     for layer in encoder:
         x = layer(x, src_key_padding_mask=src_mask)
     if norm == "pre":
         x = F.layer_norm(x, (d,), model.enc_norm.weight, model.enc_norm.bias)
-    y = emb[tgt_in]
+    y = emb[tgt_in] * d**0.5
     causal = nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
     for layer in decoder:
         y = layer(y, x, tgt_mask=causal, memory_key_padding_mask=src_mask)

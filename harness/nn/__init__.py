@@ -5,7 +5,7 @@ functions only.
 """
 
 from harness.nn.attention import Attention, AttentionCache, allowed_mask, masked_softmax
-from harness.nn.blocks import FeedForward, TransformerBlock
+from harness.nn.blocks import FeedForward, ScaledEmbedding, TransformerBlock
 from harness.nn.position import PositionScheme
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "AttentionCache",
     "FeedForward",
     "PositionScheme",
+    "ScaledEmbedding",
     "TransformerBlock",
     "allowed_mask",
     "masked_softmax",

@@ -10,6 +10,25 @@ from harness.nn.attention import Attention, AttentionCache
 from harness.nn.position import PositionScheme
 
 
+class ScaledEmbedding(nn.Embedding):
+    """Token embedding initialised N(0, 1/width) and multiplied by sqrt(width) on lookup
+    (Vaswani et al., 2017, section 3.4).
+
+    Lookups have unit-scale entries, as sinusoidal positions expect, while the weight itself
+    has unit-norm rows, so an output head tied to it starts with logits of order 1 (an
+    N(0, 1) table tied to the head gives logits of std sqrt(width): an initial loss of
+    25-50 instead of ln |V|).
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        nn.init.normal_(self.weight, std=embedding_dim**-0.5)
+        self.scale = embedding_dim**0.5
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return super().forward(tokens) * self.scale
+
+
 class FeedForward(nn.Module):
     """Position-wise MLP: Linear -> GELU -> dropout -> Linear."""
 

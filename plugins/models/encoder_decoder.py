@@ -54,7 +54,7 @@ def module_class() -> type:
     import torch
     from torch import Tensor, nn
 
-    from harness.nn import PositionScheme, TransformerBlock
+    from harness.nn import PositionScheme, ScaledEmbedding, TransformerBlock
 
     class EncoderDecoder(nn.Module):
         def __init__(self, cfg: EncoderDecoderConfig, task: Any, attention: Any, position: Any) -> None:
@@ -73,10 +73,10 @@ def module_class() -> type:
                                         cross_attn=attention(d, heads) if cross else None)
 
             self.enc_position, self.dec_position = scheme(False), scheme(True)
-            self.src_embed = nn.Embedding(task.vocab_size, self.enc_position.token_width(d))
+            self.src_embed = ScaledEmbedding(task.vocab_size, self.enc_position.token_width(d))
             tgt_width = self.dec_position.token_width(d)
             tie = cfg.tie_embeddings and tgt_width == self.src_embed.embedding_dim
-            self.tgt_embed = self.src_embed if tie else nn.Embedding(task.vocab_size, tgt_width)
+            self.tgt_embed = self.src_embed if tie else ScaledEmbedding(task.vocab_size, tgt_width)
             self.encoder = nn.ModuleList(block(cross=False) for _ in range(cfg.encoder_layers))
             self.decoder = nn.ModuleList(block(cross=True) for _ in range(cfg.decoder_layers))
             final_norm = (lambda: nn.LayerNorm(d)) if cfg.norm == "pre" else nn.Identity

@@ -58,7 +58,7 @@ def module_class() -> type:
     import torch.nn.functional as F
     from torch import Tensor, nn
 
-    from harness.nn import FeedForward
+    from harness.nn import FeedForward, ScaledEmbedding
 
     class TokenMixing(nn.Module):
         """An MLP over the sequence axis: (B, N, d) -> (B, N, d), shared by all channels."""
@@ -99,7 +99,7 @@ def module_class() -> type:
             self.length = task.max_length
             self.classify = task.kind == "classification"
             self.causal = causal
-            self.embed = nn.Embedding(task.vocab_size, cfg.d_model)
+            self.embed = ScaledEmbedding(task.vocab_size, cfg.d_model)
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(MixerBlock(cfg, self.length, causal) for _ in range(cfg.layers))
             self.final_norm = nn.LayerNorm(cfg.d_model)

@@ -52,7 +52,7 @@ def module_class() -> type:
     import torch
     from torch import nn
 
-    from harness.nn import PositionScheme, TransformerBlock
+    from harness.nn import PositionScheme, ScaledEmbedding, TransformerBlock
 
     class Transformer(nn.Module):
         def __init__(self, cfg: TransformerConfig, task: Any, attention: Any, position: Any) -> None:
@@ -65,7 +65,7 @@ def module_class() -> type:
                          max_length=task.max_length, causal=self.causal)
                 if position is not None else PositionScheme()
             )
-            self.embed = nn.Embedding(task.vocab_size, self.position.token_width(d))
+            self.embed = ScaledEmbedding(task.vocab_size, self.position.token_width(d))
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(
                 TransformerBlock(d, attention(d, cfg.heads), cfg.ffn_mult * d,
