@@ -355,6 +355,11 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if math.isfinite(x) else "–"
 
 
+def _count(x: float | None) -> str:
+    """Parameters, tokens/s, megabytes: whole numbers with thousands separators."""
+    return f"{x:,.0f}" if x is not None and math.isfinite(x) else "–"
+
+
 def _interval(mean: float, ci: tuple[float, float]) -> str:
     if not math.isfinite(mean):
         return "–"
@@ -377,8 +382,8 @@ def ranked_table(handle: StudyHandle, results: list[CandidateResult], length: in
         t = r.tuning
         rows.append([
             f"{r.rank:g}" + (" ★" if r.on_front else ""), r.name, r.label, _interval(r.mean, r.ci),
-            delta, pval, str(len(r.seeds)), _fmt(r.cost.get("params"), 6),
-            _fmt(r.cost.get("tokens_per_s"), 4), _fmt(r.cost.get("peak_memory"), 4),
+            delta, pval, str(len(r.seeds)), _count(r.cost.get("params")),
+            _count(r.cost.get("tokens_per_s")), _count(r.cost.get("peak_memory")),
             f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
         ])
     return "table", (header, rows)
@@ -526,7 +531,8 @@ def _protocol_text(handle: StudyHandle, length: int, complete: bool) -> str:
         f"{cfg.confirm.seeds} fresh seeds ({', '.join(map(str, cfg.confirm_seeds()))}). Mean and "
         f"{cfg.confirm.confidence:.0%} percentile bootstrap interval ({N_RESAMPLES:,} resamples) "
         f"over seeds; Δ and p against the baseline {cfg.baseline} on matched seeds (exact "
-        f"two-sided sign-flip permutation test). Rank 1 is best; ties share a rank.{state}"
+        f"two-sided sign-flip permutation test; with n seeds no p-value can be below 2/2^n, "
+        f"{2 / 2 ** cfg.confirm.seeds:.3g} here). Rank 1 is best; ties share a rank.{state}"
     )
 
 

@@ -469,6 +469,21 @@ def candidate_space(registry: Registry, cand: Candidate, index: int, match_param
     return CandidateSpace(index, cand, model, attention, position, width, widths)
 
 
+def _check_devices(train: dict[str, Any]) -> None:
+    """Several devices in a trial need a launcher that stays in the worker's process."""
+    devices = train.get("devices", 1)
+    many = (devices in ("auto", -1, "-1") or (isinstance(devices, list) and len(devices) > 1)
+            or (str(devices).isdigit() and int(devices) > 1))
+    strategy = str(train.get("strategy", "auto"))
+    if many and not any(k in strategy for k in ("spawn", "fork", "notebook")):
+        raise ConfigError(
+            f"train.strategy: '{strategy}' with devices {devices!r} would make Lightning re-run "
+            f"the command once per device, and each copy would act as another study worker. "
+            f"Use strategy: ddp_spawn (or ddp_fork) for several devices in one trial, or "
+            f"devices: 1 with one worker per device."
+        )
+
+
 def _parse_train(config: StudyConfig) -> dict[str, Range]:
     for key in config.train:
         if key in TRAIN_PROTOCOL:
@@ -478,6 +493,7 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(f"train.{format_loc(tuple(err['loc']))}: {err['msg']}.") from None
+    _check_devices(config.train)
     ranges = {}
     for key, raw in config.search.items():
         if key not in TRAIN_SEARCHABLE:
@@ -527,6 +543,7 @@ class StudySpace:
         train.update(max_steps=cfg.budget.steps, seed=seed, data_seed=cfg.data_seed,
                      max_time_s=cfg.budget.time_per_run_s)
         train.setdefault("progress", False)
+        train.setdefault("devices", 1)  # "auto" would launch one process per GPU
         model: dict[str, Any] = {"name": cand.model.spec.name, "params": values["model"]}
         for role in ("attention", "position"):
             comp = getattr(cand, role)

@@ -245,6 +245,35 @@ def test_trial_callback_reports_at_optimizer_steps(registry):
     assert ours.study.trials[0].user_attrs["harness.mlflow_run_id"]
 
 
+@pytest.mark.slow
+def test_multi_objective_study_and_an_infeasible_trial(tmp_path, capsys):
+    # heads 3 does not divide d_model 16: the random sampler (slot-seeded) draws heads
+    # 2, 3, 2 for slots 0, 1, 2, so slot 1 fails with the reason and the study goes on.
+    cand = copy.deepcopy(CANDIDATE)
+    del cand["model"]["params"]["heads"]
+    cand["model"]["search"] = {"heads": [2, 3]}
+    path = tiny_study(tmp_path, "multi", candidates=[cand], cost={"metric": "params"},
+                      search={}, sampler={"name": "random", "seed": 2},
+                      budget={"trials": 3, "steps": 20}, confirm={"seeds": 1})
+    assert main(["study", "run", str(path), "--report", "--out", str(tmp_path / "r")]) == 0
+    assert "pruner 'median' disabled" in capsys.readouterr().out
+    home = os.environ["HARNESS_HOME"]
+    tune = trials(f"sqlite:///{home}/optuna.db", "multi", "tune", "mha")
+    assert [t.params["model.heads"] for t in tune] == [2, 3, 2], "sampler draws changed"
+    assert [t.state for t in tune] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert "must be divisible by heads" in tune[1].user_attrs["harness.failure"]
+    for t in (tune[0], tune[2]):
+        assert len(t.values) == 2 and t.values[1] == pytest.approx(
+            MlflowClient(f"sqlite:///{home}/mlflow.db").get_run(
+                t.user_attrs["harness.mlflow_run_id"]).data.metrics["cost/params"])
+        assert t.intermediate_values == {}  # Optuna cannot prune multi-objective studies
+    failed = MlflowClient(f"sqlite:///{home}/mlflow.db").get_run(tune[1].user_attrs["harness.mlflow_run_id"])
+    assert failed.info.status == "FAILED" and "divisible" in failed.data.tags["harness.failure"]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["candidates"][0]["tuning"]["failed"] == 1
+    assert (tmp_path / "r" / "front.png").exists()
+
+
 # -- a worker killed mid-trial -----------------------------------------------------------------
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):

@@ -113,6 +113,8 @@ def test_run_config_samples_prefixed_names(registry):
     ({"train": {"max_steps": 100}}, "train.max_steps: set by budget.steps"),
     ({"train": {"lr": -1}}, "train.lr: Input should be greater than 0"),
     ({"search": {"lr": [0.1], "momentum": [0.9]}}, "search: unknown parameter 'momentum'"),
+    ({"train": {"devices": 4, "strategy": "ddp"}}, "train.strategy: 'ddp' with devices 4 would"),
+    ({"train": {"devices": "auto"}}, "train.strategy: 'auto' with devices 'auto' would"),
     ({"search": {"batch_size": [0, 8]}}, "search.batch_size: 0 is invalid"),
     ({"confirm": {"baseline": "gpt"}}, "confirm.baseline 'gpt' is not a candidate"),
     ({"task": {"name": "copy", "params": {"lenght": 4}}}, "task.params: unknown parameter 'lenght'"),
