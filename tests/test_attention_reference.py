@@ -155,6 +155,7 @@ VARIANTS = {
     "additive-2heads-d_att4": {"heads": 2, "d_att": 4},
     "linear": {"chunk": 3},
     "sliding_window": {"window": 3},
+    "sliding_window-blocks": {"window": 3, "block": 2},
 }
 CASES = {  # (cross, causal, padding, scheme)
     "self": (False, False, False, None),
@@ -332,8 +333,7 @@ def test_linear_rotation_pairing_is_accepted(registry):
 # -- sliding window: the cache keeps only what the next query can see -------------------------
 def test_sliding_window_long_decoding_matches_full_pass_and_cache_stays_small(registry):
     torch.manual_seed(9)
-    m = build(registry, "sliding_window", window=4)
-    m.block = 5  # several blocks, and block edges that do not align with the window
+    m = build(registry, "sliding_window", window=4, block=5)  # block edges off the window's
     x = torch.randn(2, 23, D_MODEL, dtype=F64)
     kpm = torch.zeros(2, 23, dtype=torch.bool)
     kpm[1, 20:] = True

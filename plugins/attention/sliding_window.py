@@ -5,10 +5,12 @@ sees keys i - window + 1 .. i, a bidirectional one also up to i + window - 1. Sc
 the Transformer's scaled dot products over the model's heads; the position hooks apply as
 in ``multi_head``. Stacking L layers gives a receptive field of L x (window - 1).
 
-Cost. Queries are processed in blocks; each block attends only to the keys its window can
-reach, through the fused ``scaled_dot_product_attention`` with a boolean band mask. Time
-and memory grow like L x window, not L²; no full score matrix is formed (attention
-weights, when requested, are the exception: they are computed in full for logging).
+Cost. Queries are cut into blocks of ``block`` rows; each block gets the span of keys its
+window can reach (block + window - 1 causal, block + 2 (window - 1) bidirectional), and all
+blocks run side by side as one batch through the fused ``scaled_dot_product_attention``
+under a boolean band mask. Time and memory grow like L x (block + window), not L²; no full
+score matrix is formed (attention weights, when requested, are the exception: they are
+computed in full for logging).
 
 Decoding: the cache keeps only the last ``window - 1`` keys and values (what the next
 query can still see), so memory and time per token are O(window).
@@ -35,17 +37,21 @@ class SlidingWindowConfig:
     window: Annotated[int, IntRange(4, 512, log=True)] = 64  # keys a query sees (itself included)
     dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
     bias: bool = True  # biases in the projections
+    block: int | None = None  # queries per block (speed only, same result); None: max(window, 16)
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window ({self.window}) must be >= 1 (a query sees at least itself).")
+        if self.block is not None and self.block < 1:
+            raise ValueError(f"block ({self.block}) must be >= 1 (or null for max(window, 16)).")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
 
 
 def build(config: SlidingWindowConfig, *, d_model: int, num_heads: int) -> Any:
     return module_class()(
-        d_model, num_heads, window=config.window, dropout=config.dropout, bias=config.bias
+        d_model, num_heads, window=config.window, block=config.block or max(config.window, 16),
+        dropout=config.dropout, bias=config.bias,
     )
 
 
@@ -64,12 +70,6 @@ def module_class() -> type:
         sdpa_mask,
     )
 
-    def rows_cols(bias: Tensor, rows: slice, cols: slice) -> Tensor:
-        """A block of a broadcastable (..., Lq, Lk) bias; broadcast dims stay whole."""
-        r = rows if bias.shape[-2] > 1 else slice(None)
-        c = cols if bias.shape[-1] > 1 else slice(None)
-        return bias[..., r, c]
-
     def fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None,
               dropout: float) -> Tensor:
         """The fused kernel under a mask; queries that may see no key get zeros."""
@@ -78,10 +78,10 @@ def module_class() -> type:
         return out if empty is None else out.masked_fill(empty, 0.0)
 
     class SlidingWindowAttention(Attention):
-        def __init__(self, d_model: int, num_heads: int, *, window: int, **kwargs: Any) -> None:
+        def __init__(self, d_model: int, num_heads: int, *, window: int, block: int,
+                     **kwargs: Any) -> None:
             super().__init__(d_model, num_heads, **kwargs)
-            self.window = window
-            self.block = max(window, 32)  # queries per block
+            self.window, self.block = window, block
 
         def score(self, q: Tensor, k: Tensor) -> Tensor:
             return scaled(q) @ k.transpose(-2, -1)
@@ -105,21 +105,37 @@ def module_class() -> type:
             if cross:
                 allowed = allowed_mask(q_pos, k_pos, causal=False, key_padding_mask=key_padding_mask)
                 return fused(q, k, v, allowed, None, dropout), None
-            q0, k0 = int(q_pos[0]), int(k_pos[0])  # positions are consecutive
-            lq, lk, reach = q.shape[2], k.shape[2], self.window - 1
-            outs = []
-            for s in range(0, lq, self.block):
-                rows = slice(s, min(s + self.block, lq))
-                first = q0 + rows.start - reach - k0  # earliest key any query here sees
-                last = q0 + rows.stop - 1 + (0 if causal else reach) - k0
-                cols = slice(max(first, 0), max(min(last + 1, lk), 0))
-                allowed = allowed_mask(
-                    q_pos[rows], k_pos[cols], causal=causal, window=self.window,
-                    key_padding_mask=None if key_padding_mask is None else key_padding_mask[:, cols],
-                )
-                block_bias = None if bias is None else rows_cols(bias, rows, cols)
-                outs.append(fused(q[:, :, rows], k[:, :, cols], v[:, :, cols], allowed, block_bias, dropout))
-            return torch.cat(outs, dim=2), None
+            return self._banded(q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, dropout), None
+
+        def _banded(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, dropout):  # type: ignore[no-untyped-def]
+            """Query blocks of ``self.block`` rows, each with the span of keys its window can
+            reach, gathered side by side and run as one batch through the fused kernel."""
+            b, h, lq, _ = q.shape
+            lk, c, reach = k.shape[2], self.block, self.window - 1
+            n = -(-lq // c)  # blocks
+            span = c + reach + (0 if causal else reach)
+            first = int(q_pos[0]) - int(k_pos[0]) - reach  # key index block 0 starts at
+            raw = first + c * torch.arange(n, device=q.device)[:, None] + torch.arange(span, device=q.device)
+            valid = (raw >= 0) & (raw < lk)  # (n, span): the span overhangs at both ends
+            index = raw.clamp(0, lk - 1)
+            rows = torch.arange(n * c, device=q.device).view(n, c)
+            diff = (rows[:, :, None] + int(q_pos[0])) - (index[:, None, :] + int(k_pos[0]))
+            allowed = valid[:, None, :] & (diff.abs() < self.window) & ((diff >= 0) if causal else True)
+            allowed = allowed[None, None]  # (1, 1, n, c, span)
+            if key_padding_mask is not None:
+                allowed = allowed & ~key_padding_mask[:, index][:, None, :, None, :]
+            if bias is not None:
+                r = rows.clamp(max=lq - 1) if bias.shape[-2] > 1 else torch.zeros_like(rows)
+                col = index if bias.shape[-1] > 1 else torch.zeros_like(index)
+                bias = bias[..., r[:, :, None], col[:, None, :]]  # (.., .., n, c, span)
+            mask, empty = sdpa_mask(allowed, bias, q.dtype)
+            assert mask is not None and empty is not None
+            mask = mask.expand(mask.shape[0], h, n, c, span).reshape(mask.shape[0], h * n, c, span)
+            qb = F.pad(q, (0, 0, 0, n * c - lq)).reshape(b, h * n, c, -1)
+            kb, vb = (t[:, :, index].reshape(b, h * n, span, -1) for t in (k, v))
+            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)
+            out = out.masked_fill(empty.expand(empty.shape[0], h, n, c, 1).reshape(-1, h * n, c, 1), 0.0)
+            return out.reshape(b, h, n * c, -1)[:, :, :lq]
 
         def _full(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, window):  # type: ignore[no-untyped-def]
             """Every score at once, with the weights (for logging)."""
