@@ -362,3 +362,53 @@ class Attention(nn.Module):
         weights = masked_softmax(scores, allowed).to(v.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         return dropped @ v, (weights if need_weights else None)
+
+
+class FusedDotProductAttention(Attention):
+    """Softmax attention over dot-product scores, on PyTorch's fused kernels.
+
+    score(q, k) = scale · q·k, with ``score_scale`` None for the Transformer's 1/√d_k or a
+    fixed factor (1.0: unscaled). ``F.scaled_dot_product_attention`` runs it and keeps its
+    fast kernels where the position scheme allows: ``is_causal`` instead of a mask when
+    nothing else is masked and no bias is added, a boolean mask for padding, a float mask
+    only with a score bias. Weights (``need_weights``) come from the explicit path of
+    :class:`Attention`, which computes the same function.
+    """
+
+    score_scale: float | None = None
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        scale = self.score_scale if self.score_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        return (q * scale) @ k.transpose(-2, -1)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        causal: bool,
+        key_padding_mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        state: dict[str, Any] | None = None,
+        cross: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        if need_weights:
+            return super().attend(
+                q, k, v, q_pos=q_pos, k_pos=k_pos, causal=causal,
+                key_padding_mask=key_padding_mask, bias=bias, need_weights=True,
+            )
+        dropout = self.dropout if self.training else 0.0
+        scale = self.score_scale
+        # Causal attention only runs on self-attention, where equal lengths mean the same
+        # positions (a cache makes keys longer than queries).
+        if causal and bias is None and key_padding_mask is None and q.shape[2] == k.shape[2]:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scale)
+            return out, None
+        allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
+        mask, empty = sdpa_mask(allowed, bias, q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+        return (out if empty is None else out.masked_fill(empty, 0.0)), None

@@ -5,7 +5,8 @@ no learned query/key projections and no 1/√d temperature. This is what separat
 ``general`` (a learned bilinear form) and ``scaled_dot_product`` (projections and 1/√d_k):
 at width d the logits grow like d, so the softmax saturates sooner, which is the point of
 the comparison. Values and the output keep the harness's learned projections (Luong's
-context vector passes through W_c before the output in the same way).
+context vector passes through W_c before the output in the same way). It runs on PyTorch's
+fused attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; ``heads = n`` splits the states into n slices of width d/n, each scored against the
@@ -48,15 +49,14 @@ def build(config: DotProductConfig, *, d_model: int, num_heads: int) -> Any:
 def module_class() -> type:
     from torch import nn
 
-    from harness.nn.attention import Attention
+    from harness.nn.attention import FusedDotProductAttention
 
-    class DotProductAttention(Attention):
+    class DotProductAttention(FusedDotProductAttention):
+        score_scale = 1.0  # unscaled
+
         def __init__(self, d_model: int, num_heads: int, **kwargs: Any) -> None:
             super().__init__(d_model, num_heads, **kwargs)
             self.q_proj = self.k_proj = nn.Identity()  # compare the states themselves
-
-        def score(self, q: Any, k: Any) -> Any:
-            return q @ k.transpose(-2, -1)
 
     return DotProductAttention
 

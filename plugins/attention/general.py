@@ -5,7 +5,8 @@ implemented as an identity on the query side and W_a on the key side (``k_proj``
 a key-side bias b would add h_tᵀ b, the same for every key, which the softmax ignores), so
 W_a = ``k_proj.weight``. Compared with ``scaled_dot_product``
 it learns one full-rank bilinear form instead of the factored W_qᵀ W_k, and it is unscaled.
-Values and the output keep the harness's learned projections.
+Values and the output keep the harness's learned projections. It runs on PyTorch's fused
+attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; with ``heads = n`` head h scores slice h of the query state against slice h of
@@ -48,16 +49,15 @@ def build(config: GeneralConfig, *, d_model: int, num_heads: int) -> Any:
 def module_class() -> type:
     from torch import nn
 
-    from harness.nn.attention import Attention
+    from harness.nn.attention import FusedDotProductAttention
 
-    class GeneralAttention(Attention):
+    class GeneralAttention(FusedDotProductAttention):
+        score_scale = 1.0  # unscaled
+
         def __init__(self, d_model: int, num_heads: int, **kwargs: Any) -> None:
             super().__init__(d_model, num_heads, **kwargs)
             self.q_proj = nn.Identity()
             self.k_proj = nn.Linear(d_model, d_model, bias=False)  # W_a
-
-        def score(self, q: Any, k: Any) -> Any:
-            return q @ k.transpose(-2, -1)
 
     return GeneralAttention
 

@@ -1,8 +1,9 @@
 """``multi_head``: the Transformer's multi-head attention (Vaswani et al., 2017).
 
 head_h = softmax(Q_h K_hᵀ / √d_k) V_h for each of the model's heads, concatenated and
-projected. Runs on PyTorch's fused ``scaled_dot_product_attention`` and keeps its fast
-kernels where the position scheme allows:
+projected. Runs on PyTorch's fused ``scaled_dot_product_attention`` (the shared
+``harness.nn.attention.FusedDotProductAttention``) and keeps its fast kernels where the
+position scheme allows:
 
 * causal self-attention with nothing else masked and no score bias: ``is_causal=True``
   (no mask tensor at all);
@@ -45,30 +46,10 @@ def build(config: MultiHeadConfig, *, d_model: int, num_heads: int) -> Any:
 
 @cache
 def module_class() -> type:
-    import torch.nn.functional as F
+    from harness.nn.attention import FusedDotProductAttention
 
-    from harness.nn.attention import Attention, allowed_mask, scaled, sdpa_mask
-
-    class MultiHeadAttention(Attention):
-        def score(self, q: Any, k: Any) -> Any:
-            return scaled(q) @ k.transpose(-2, -1)
-
-        def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
-                   state=None, cross=False):
-            if need_weights:
-                return super().attend(
-                    q, k, v, q_pos=q_pos, k_pos=k_pos, causal=causal,
-                    key_padding_mask=key_padding_mask, bias=bias, need_weights=True,
-                )
-            dropout = self.dropout if self.training else 0.0
-            # Causal attention only runs on self-attention, where equal lengths mean the
-            # same positions (a cache makes keys longer than queries).
-            if causal and bias is None and key_padding_mask is None and q.shape[2] == k.shape[2]:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout), None
-            allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
-            mask, empty = sdpa_mask(allowed, bias, q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-            return (out if empty is None else out.masked_fill(empty, 0.0)), None
+    class MultiHeadAttention(FusedDotProductAttention):
+        """One head per model head, scores scaled by 1/√d_k (the shared fused path)."""
 
     return MultiHeadAttention
 

@@ -1,8 +1,8 @@
 """``scaled_dot_product``: single-head scaled dot-product attention (Vaswani et al., 2017).
 
 softmax(Q Kᵀ / √d_k) V with Q = X W_q, K = X W_k (or the memory), V = X W_v and an output
-projection, computed explicitly (scores, softmax, weighted sum) as the textbook reference
-that ``multi_head`` runs on fused kernels.
+projection, on the same fused kernels as ``multi_head`` (weights, when requested, from the
+explicit scores-softmax-sum path).
 
 Heads: it is the single-head layer, so ``heads`` defaults to 1 (d_k = d_model) and ignores
 the model's head count; ``heads = n`` gives the explicit multi-head form. Comparing it with
@@ -48,11 +48,10 @@ def build(config: ScaledDotProductConfig, *, d_model: int, num_heads: int) -> An
 
 @cache
 def module_class() -> type:
-    from harness.nn.attention import Attention, scaled
+    from harness.nn.attention import FusedDotProductAttention
 
-    class ScaledDotProductAttention(Attention):
-        def score(self, q: Any, k: Any) -> Any:
-            return scaled(q) @ k.transpose(-2, -1)
+    class ScaledDotProductAttention(FusedDotProductAttention):
+        """Scores scaled by 1/√d_k; ``heads`` heads (default one of width d_model)."""
 
     return ScaledDotProductAttention
 
@@ -64,6 +63,6 @@ def harness_register_attention(register: Any) -> None:
             name="scaled_dot_product",
             build=build,
             config=ScaledDotProductConfig,
-            description="Single-head softmax(QKᵀ/√d_k)V, computed explicitly; tied_qk option.",
+            description="Single-head softmax(QKᵀ/√d_k)V on the fused kernels; tied_qk option.",
         )
     )
