@@ -5,7 +5,7 @@ projection, on the same fused kernels as ``multi_head`` (weights, when requested
 explicit scores-softmax-sum path).
 
 Heads: it is the single-head layer, so ``heads`` defaults to 1 (d_k = d_model) and ignores
-the model's head count; ``heads = n`` gives the explicit multi-head form. Comparing it with
+the model's head count; ``heads = n`` gives the multi-head form. Comparing it with
 ``multi_head`` asks whether several heads matter at equal width. Position hooks act per
 model head (regrouped queries/keys, averaged per-head biases; see
 ``harness.nn.Attention``), so it pairs with every position scheme.
