@@ -270,3 +270,11 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_PLUGINS")}
+
+
+def test_readme_lists_every_builtin_plugin(registry):
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Built-in plugins"): readme.index("## Writing a plugin")]
+    for spec in registry:
+        if spec.distribution == "attention-harness":
+            assert f"| `{spec.name}` |" in section, f"README's built-in list lacks {spec.kind} {spec.name}"
