@@ -308,7 +308,7 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
                 with warnings.catch_warnings(), plt.rc_context():
                     warnings.simplefilter("ignore")
                     ax = plot(study, target=target, target_name=name)
-                fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+                fig: Any = ax.figure
                 fig.set_size_inches(6.5, 4)
                 fig.tight_layout()
                 fig.savefig(path, dpi=100)

@@ -145,7 +145,7 @@ def pareto_mask(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> 
     strictly better in one. Points with a non-finite coordinate are never on the front."""
     arr = np.asarray(points, dtype=np.float64).reshape(len(points), len(maximize))
     signed = np.where(np.asarray(maximize), arr, -arr)  # larger is better everywhere
-    finite = np.isfinite(signed).all(axis=1)
+    finite = np.asarray(np.isfinite(signed).all(axis=1), dtype=bool)
     mask = []
     for i in range(len(arr)):
         if not finite[i]:

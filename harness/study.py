@@ -199,7 +199,22 @@ def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | No
         )
     config = parse_study_config(record["config"], f"the record of study '{name}'")
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or record.get("tracking_uri")
-    return StudyHandle(name, storage, storage_url, record, config, tracking.Tracker(uri))
+    handle = StudyHandle(name, storage, storage_url, record, config, tracking.Tracker(uri))
+    if record.get("ready"):
+        _check_parent(handle)
+    return handle
+
+
+def _check_parent(handle: StudyHandle) -> None:
+    """Runs must nest under the study's parent run: it has to be in this tracking store."""
+    try:
+        handle.tracker.client.get_run(handle.parent_run_id)
+    except Exception as exc:  # MlflowException (not found) or a connection error
+        raise HarnessError(
+            f"the MLflow parent run {handle.parent_run_id} of study '{handle.name}' is not in "
+            f"the tracking store {handle.tracker.uri} ({type(exc).__name__}). Pass the "
+            f"--tracking-uri the study was created with ({handle.record.get('tracking_uri')})."
+        ) from None
 
 
 def create_or_resume(space: StudySpace, storage: Any, storage_url: str,
@@ -266,7 +281,8 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
             for phase, seeds in (("tune", [None] * config.budget.trials),
                                  ("confirm", config.confirm_seeds())):
                 study = optuna.create_study(study_name=phase_study_name(name, phase, cand.name),
-                                            storage=storage, directions=config.directions())
+                                            storage=storage,
+                                            directions=config.directions())  # type: ignore[arg-type]
                 study.set_user_attr("harness.candidate", cand.name)
                 for slot, seed in enumerate(seeds):
                     attrs = {SLOT_ATTR: slot} | ({SEED_ATTR: seed} if seed is not None else {})

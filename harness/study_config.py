@@ -641,7 +641,8 @@ def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
     from harness.config import parse_run_config
 
     first_error = None
-    for width in cand.widths or [None]:
+    widths: list[int | None] = list(cand.widths) or [None]
+    for width in widths:
         run = space.base_run_config(cand)
         if width is not None:
             run["model"]["params"][str(cand.width_param)] = width

@@ -186,6 +186,9 @@ def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
     assert main(["study", "status", "tiny", *args]) == 0
     out = capsys.readouterr().out
     assert "study tiny: complete" in out and "2/2 (2 complete, 0 pruned, 0 failed)" in out
+    other = f"sqlite:///{finished['tmp'] / 'elsewhere.db'}"
+    assert main(["study", "status", "tiny", "--storage", finished["storage"], "--tracking-uri", other]) == 2
+    assert "is not in the tracking store" in capsys.readouterr().err
     changed = yaml.safe_load(finished["path"].read_text())
     changed["budget"]["trials"] = 3
     finished["path"].write_text(yaml.safe_dump(changed))
