@@ -256,3 +256,24 @@ def test_unreachable_storage_exits_2(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "cannot open the Optuna storage postgresql+psycopg://postgres@127.0.0.1:9/none" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- shipped studies ----------------------------------------------------------------------------
+STUDIES = sorted(p for p in (Path(__file__).parent.parent / "studies").glob("*.yaml")
+                 if yaml.safe_load(p.read_text()).get("candidates"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_shipped_studies_validate(path, registry):
+    """Every shipped study passes the checks `harness study run` makes before it creates
+    anything (a component another plugin has not registered yet skips, with its name)."""
+    config = load_study_config(path)
+    header = path.read_text().split("\nname:")[0]
+    assert "CPU (2 cores):" in header and "GPU:" in header, "runtime missing from the header"
+    try:
+        space = validate(config, registry)
+    except ConfigError as exc:
+        if "Registered" in str(exc):  # an unknown-name error lists the registered names
+            pytest.skip(f"needs a component that is not registered here: {exc}")
+        raise
+    assert space.candidates and config.budget.trials >= 2 and config.confirm.seeds >= 2
