@@ -223,6 +223,7 @@ def test_pruned_trials_end_killed_with_a_tag(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The reported value is ignored")
 def test_trial_callback_reports_at_optimizer_steps(registry):
     """Why the study has its own callback: when one epoch holds several validations (here
     64 batches per epoch, validation every 10 steps), the integration's reports all land on
