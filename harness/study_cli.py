@@ -63,6 +63,8 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     print(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at {handle.tracker.uri}",
           flush=True)
     summary = study.run_worker(handle, space, log=lambda line: print(line, flush=True))
+    ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
+    print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
     print(study.describe(handle, study.progress(handle)))
     storage = f" --storage {args.storage}" if args.storage else ""
     if summary.complete and args.report:

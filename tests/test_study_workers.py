@@ -8,6 +8,7 @@ Without the PostgreSQL binaries the test is skipped, unless ``HARNESS_REQUIRE_PO
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import shutil
 import socket
@@ -55,13 +56,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def postgres_url():
     """A throwaway PostgreSQL server on 127.0.0.1 (trust auth, socket in its own folder)."""
+    reason = None
     if not (PG_BIN / "initdb").exists():
         reason = (f"PostgreSQL server binaries not found in {PG_BIN} (apt-get install "
                   f"postgresql, or set HARNESS_PG_BIN)")
-        if os.environ.get("HARNESS_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason + "; HARNESS_REQUIRE_POSTGRES=1 makes this a failure")
+    elif importlib.util.find_spec("psycopg") is None:
+        reason = "the psycopg driver is missing (pip install 'psycopg[binary]')"
+    if reason and os.environ.get("HARNESS_REQUIRE_POSTGRES") == "1":
+        pytest.fail(reason + "; HARNESS_REQUIRE_POSTGRES=1 makes this a failure")
+    if reason:
         pytest.skip(reason)
-    pytest.importorskip("psycopg", reason="the psycopg driver is needed: pip install 'psycopg[binary]'")
     root = Path(tempfile.mkdtemp(prefix="harness-pg-"))  # under /tmp: reachable by postgres
     as_postgres: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root
