@@ -408,7 +408,7 @@ def describe(handle: StudyHandle, prog: StudyProgress) -> str:
     """The text of ``harness study status``."""
     cfg = handle.config
     obj = cfg.objective
-    length = obj.length or "the training length"
+    length = f"length {obj.length}" if obj.length else "the training length"
     lines = [
         f"study {handle.name}: {'complete' if prog.complete else 'in progress'}"
         f" ({prog.running} trial(s) running now)",
