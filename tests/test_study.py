@@ -295,8 +295,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     try:
-        victim = _wait_for_a_training_trial(storage, worker)
-        time.sleep(0.5)
+        victim = _wait_for_a_training_trial(storage, worker)  # fit started: 300 steps to go
     finally:
         worker.kill()  # SIGKILL: no cleanup runs
         worker.wait()
