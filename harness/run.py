@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import tempfile
 import time
 import warnings
@@ -24,6 +23,7 @@ from harness.build import Plan, build_model, build_task, count_parameters, plan,
 from harness.config import RunConfig, load_run_config, parse_run_config
 from harness.data import collate, input_length, run_model
 from harness.errors import PluginError
+from harness.memory import PeakMemory
 from harness.registry import Registry
 
 PRUNED_TAG = "harness.pruned"
@@ -104,14 +104,6 @@ def _precision(requested: str) -> str:
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "32-true"
-
-
-def peak_memory_mb(device: Any) -> tuple[str, float]:
-    import torch
-
-    if getattr(device, "type", "cpu") == "cuda":
-        return "cost/peak_gpu_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20
-    return "cost/peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[int]]:
@@ -236,7 +228,7 @@ def _fit_and_evaluate(
         default_root_dir=root,
         deterministic="warn" if t.accelerator != "cpu" else True,
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), PeakMemory(trainer.strategy.root_device) as peak:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")
         trainer.fit(system, datamodule=dm)
@@ -247,8 +239,7 @@ def _fit_and_evaluate(
     metrics = dict(system.final_metrics)
     if throughput.tokens_per_s:
         metrics["cost/train_tokens_per_s"] = throughput.tokens_per_s
-    key, value = peak_memory_mb(system.device)
-    metrics[key] = value
+    metrics.update(peak.metrics())
     metrics["train/steps"] = float(trainer.global_step)
     tracker.log_metrics(run_id, metrics, step=trainer.global_step)
     if na:
