@@ -151,16 +151,7 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     names = [p.name for p in declared_params(config)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        import difflib
-
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, names, n=1)
-            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-        raise ConfigError(
-            f"{where}: unknown parameter {', '.join(hints)}. "
-            f"Known parameters: {', '.join(names) or 'none'}."
-        )
+        raise unknown_params_error(unknown, names, where)
     try:
         return TypeAdapter(config).validate_python(values)
     except ValidationError as exc:
@@ -169,6 +160,20 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
         raise ConfigError(f"{where}.{loc}: {err['msg']} (got {err.get('input')!r}).") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def unknown_params_error(unknown: list[str], known: list[str], where: str) -> ConfigError:
+    """The error for parameters a config does not declare, each with its closest known name."""
+    import difflib
+
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return ConfigError(
+        f"{where}: unknown parameter {', '.join(hints)}. "
+        f"Known parameters: {', '.join(known) or 'none'}."
+    )
 
 
 def to_dict(instance: Any) -> dict[str, Any]:

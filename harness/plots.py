@@ -7,13 +7,22 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the non-interactive backend (imported when a figure is drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Lay the figure out, write it to ``path`` and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return Path(path)
 
 
 def extrapolation_curve(
@@ -25,7 +34,7 @@ def extrapolation_curve(
     title: str = "",
 ) -> Path:
     """One line per label: metric at each evaluation length (log-2 x axis)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in curves.items():
         xs = sorted(points)
@@ -38,15 +47,12 @@ def extrapolation_curve(
     ax.set_title(title or f"{metric} vs length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_heads: int = 4) -> Path:
     """A grid of attention maps (layers x heads) for one example; ``maps[l]`` is (H, Lq, Lk)."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = len(maps)
     heads = min(max_heads, max(m.shape[0] for m in maps))
     fig, axes = plt.subplots(layers, heads, figsize=(2.4 * heads, 2.4 * layers), squeeze=False)
@@ -63,7 +69,4 @@ def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_h
                 ax.set_ylabel(f"layer {i}", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=100)

@@ -30,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from harness import stats, tracking
+from harness.plots import extrapolation_curve, pyplot, save_figure
 from harness.study import (
     CONFIG_ATTR,
     SEED_ATTR,
     StudyHandle,
     best_trial,
     phase_progress,
+    progress,
     reconcile,
     settle_parent,
 )
@@ -179,19 +181,10 @@ def _compare(results: list[CandidateResult], handle: StudyHandle) -> None:
 
 
 # -- figures ----------------------------------------------------------------------------------
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
     """``val/<metric>`` against optimizer steps: each seed thin, the mean over seeds bold."""
     key = f"val/{handle.config.objective.metric}"
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
     for i, res in enumerate(results):
@@ -216,16 +209,11 @@ def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: P
     ax.set_title("Learning curves of the confirmation runs")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def extrapolation(handle: StudyHandle, results: list[CandidateResult], train_length: int,
                   path: Path) -> Path | None:
-    from harness.plots import extrapolation_curve
-
     curves = {r.name: {n: v for n, v in r.by_length.items() if v is not None and math.isfinite(v)}
               for r in results}
     curves = {k: v for k, v in curves.items() if v}
@@ -241,7 +229,7 @@ def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Pa
     confirmed mean with its interval (large), the non-dominated candidates joined."""
     cfg = handle.config
     cost = front_cost(handle)
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     front_pts = []
     for i, res in enumerate(results):
@@ -274,10 +262,7 @@ def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Pa
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]], list[str]]:
@@ -287,7 +272,7 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
     import optuna
     from optuna.visualization import matplotlib as ovm
 
-    plt = _pyplot()
+    plt = pyplot()
     cfg = handle.config
     target = (lambda t: t.values[0]) if cfg.multi_objective else None
     name = f"val/{cfg.objective.metric}"
@@ -310,9 +295,7 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
                     ax = plot(study, target=target, target_name=name)
                 fig: Any = ax.figure
                 fig.set_size_inches(6.5, 4)
-                fig.tight_layout()
-                fig.savefig(path, dpi=100)
-                plt.close(fig)
+                save_figure(fig, path, dpi=100)
                 figures.append((f"{cand.name}: Optuna {kind}", path))
             except (ValueError, RuntimeError, ZeroDivisionError) as exc:
                 notes.append(f"{cand.name}: Optuna {kind} plot unavailable ({exc})")
@@ -449,13 +432,11 @@ def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_pare
     """Write the report folder and log it to the parent run; returns the folder."""
     import yaml
 
-    from harness import study as study_mod
-
     cfg = handle.config
     out_dir = Path(out) if out else tracking.home() / "reports" / handle.name
     out_dir.mkdir(parents=True, exist_ok=True)
     reconcile(handle)
-    prog = study_mod.progress(handle)
+    prog = progress(handle)
     settle_parent(handle, prog)
     train_length = int(handle.record["train_length"])
     lengths = tuple(int(n) for n in handle.record["eval_lengths"])

@@ -28,7 +28,6 @@ never searched: every candidate sees the same data. Errors name the field
 from __future__ import annotations
 
 import copy
-import difflib
 import hashlib
 import json
 import typing
@@ -51,6 +50,7 @@ from harness.params import (
     declared_params,
     resolve,
     suggest,
+    unknown_params_error,
 )
 from harness.registry import Registry
 
@@ -362,16 +362,6 @@ def _range_values(rng: Range) -> list[Any]:
     return list(rng.options) if isinstance(rng, Choice) else [rng.low, rng.high]
 
 
-def _unknown(names: list[str], known: list[str], where: str) -> ConfigError:
-    hints = []
-    for key in names:
-        close = difflib.get_close_matches(key, known, n=1)
-        hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-    return ConfigError(
-        f"{where}: unknown parameter {', '.join(hints)}. Known parameters: {', '.join(known) or 'none'}."
-    )
-
-
 def component_space(
     registry: Registry, role: str, comp: SearchComponent, where: str, width: str | None = None
 ) -> ComponentSpace:
@@ -385,7 +375,7 @@ def component_space(
     for key, values in (("params", comp.params), ("search", comp.search)):
         unknown = sorted(set(values) - set(params))
         if unknown:
-            raise _unknown(unknown, list(params), f"{where}.{key}")
+            raise unknown_params_error(unknown, list(params), f"{where}.{key}")
     both = sorted(set(comp.params) & set(comp.search))
     if both:
         raise ConfigError(
@@ -497,7 +487,7 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
     ranges = {}
     for key, raw in config.search.items():
         if key not in TRAIN_SEARCHABLE:
-            raise _unknown([key], sorted(TRAIN_SEARCHABLE), "search")
+            raise unknown_params_error([key], sorted(TRAIN_SEARCHABLE), "search")
         if key in config.train:
             raise ConfigError(f"search.{key}: also fixed under train; keep one.")
         rng = parse_range(raw, TRAIN_SEARCHABLE[key], f"search.{key}")
