@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from harness.memory import proc_status_kb, reset_peak_rss
+
 BASELINES = ("torch.sdpa", "torch.nn.MultiheadAttention")
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
@@ -73,11 +75,10 @@ class Measurement:
 
 # -- in the worker process -----------------------------------------------------------------
 def _proc_status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    value = proc_status_kb(key)
+    if value is None:
+        raise RuntimeError(f"{key} not in /proc/self/status")
+    return value
 
 
 def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
@@ -141,8 +142,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         peak_mb = (torch.cuda.max_memory_allocated(device) - before) / 2**20
     else:
         before_kb = _proc_status_kb("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the high-water mark
+        if not reset_peak_rss():
+            raise RuntimeError("cannot reset the resident-set high-water mark (/proc/self/clear_refs)")
         one_pass(length)
         peak_mb = max(0.0, (_proc_status_kb("VmHWM") - before_kb) / 1024)  # counters lag ~256 KB
     sync()

@@ -670,8 +670,8 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
         )
     if config.cost is not None and config.cost.metric == "peak_memory":
-        space.notes.append("peak_memory on CPU is the worker process's peak RSS so far (a "
-                           "high-water mark over its runs); on GPUs it is per run")
+        space.notes.append("peak_memory on CPU is the run's peak resident memory (it "
+                           "includes the interpreter); on GPUs the run's peak allocation")
     if match:
         for cand in cands:
             assert config.budget.params is not None
