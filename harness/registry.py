@@ -20,7 +20,7 @@ from harness.params import NoParams, check_defaults
 #: The three points at which a position scheme can act.
 POSITION_HOOKS = frozenset({"embedding", "qk", "bias"})
 #: Task kinds; each fixes a batch format (see harness.data).
-TASK_KINDS = frozenset({"lm", "seq2seq", "classification"})
+TASK_KINDS = frozenset({"lm", "seq2seq", "classification", "tagging"})
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class ModelSpec(Spec):
     ``lm`` also serves ``seq2seq`` tasks (source and target are concatenated, only the target
     is scored). ``uses_attention`` / ``uses_position``: whether the model takes an attention
     variant / position scheme (``attention_required=False``: the model also runs without
-    one); ``default_attention`` / ``default_position``: used when the config names none.
+    one); ``attention_roles``: the roles in which the model uses attention (e.g.
+    ``encoder``, ``decoder``, ``cross``), each of which a config may give its own variant; ``default_attention`` / ``default_position``: used when the config names none.
     ``extrapolates``: False for fixed-length models. ``width_param``: the integer
     hyper-parameter that sets the model's width (``d_model``, ``hidden``), which studies
     adjust to match candidates by parameter count.
@@ -88,6 +89,7 @@ class ModelSpec(Spec):
     task_kinds: frozenset[str] = frozenset({"lm"})
     uses_attention: bool = False
     attention_required: bool = True
+    attention_roles: tuple[str, ...] = ()
     uses_position: bool = False
     default_attention: str | None = None
     default_position: str | None = None
