@@ -13,9 +13,14 @@ three formats, fixed by the task kind:
                     -> (B, T, V)``.
 ``classification``  ``tokens``, ``padding_mask``, ``targets`` (B,), ``loss_mask`` (B,).
                     Model call: ``model(tokens, padding_mask=...) -> (B, C)``.
+``tagging``         ``tokens``, ``padding_mask``, ``targets`` (B, L) one label per input
+                    token (aligned, not shifted), ``loss_mask`` (B, L).
+                    Model call: ``model(tokens, padding_mask=...) -> (B, L, C)``.
 
 ``padding_mask`` is True at padding. Examples are dicts: ``{"tokens": [...], "loss_mask":
 [...]}`` (lm; ``loss_mask`` aligned with the targets ``tokens[1:]``, all scored if absent),
+``{"tokens": [...], "tags": [...]}`` (tagging; an optional ``loss_mask`` aligned with
+``tokens``),
 ``{"src": [...], "tgt": [...]}`` (seq2seq; ``tgt`` ends with EOS if the task wants the
 model to learn where to stop), ``{"tokens": [...], "label": int}`` (classification).
 
@@ -219,6 +224,15 @@ def _collate_tensors(examples: Sequence[Example], fmt: str, task_kind: str) -> d
             "tgt_padding_mask": ~mask,
             "targets": targets,
             "loss_mask": mask,
+        }
+    if fmt == "tagging":
+        tokens = pad([e["tokens"] for e in examples])
+        scored = [list(e.get("loss_mask") or [True] * len(e["tokens"])) for e in examples]
+        return {
+            "tokens": tokens,
+            "padding_mask": tokens == PAD,
+            "targets": pad([e["tags"] for e in examples], 0),
+            "loss_mask": pad([[int(m) for m in ms] for ms in scored], 0).bool(),
         }
     if fmt == "classification":
         tokens = pad([e["tokens"] for e in examples])

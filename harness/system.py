@@ -83,7 +83,7 @@ class HarnessSystem(L.LightningModule):
         return run_model(self.model, batch, self.fmt)  # type: ignore[no-any-return]
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        if self.cfg.scheduled_sampling and self.fmt != "classification":
+        if self.cfg.scheduled_sampling and self.fmt in ("lm", "seq2seq"):  # targets feed back
             with torch.no_grad():
                 first_pass = self(batch)
             batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)

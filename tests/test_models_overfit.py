@@ -33,6 +33,7 @@ SMALL = {
 CASES = [
     *[(m, kind, None, {}) for m in ("transformer", "lstm", "gru", "mlp_mixer")
       for kind in ("lm", "seq2seq", "classification")],
+    ("transformer", "tagging", None, {}),
     ("encoder_decoder", "seq2seq", None, {"norm": "pre"}),
     ("encoder_decoder", "seq2seq", None, {"norm": "post"}),
     ("rnn_seq2seq", "seq2seq", "multi_head", {"style": "bahdanau"}),
@@ -58,6 +59,8 @@ def tiny_examples(kind: str, rng: random.Random) -> list[dict]:
     seqs = [[first + i] + [first + rng.randrange(NUM_SYMBOLS) for _ in range(LENGTH)] for i in range(8)]
     if kind == "classification":
         return [{"tokens": s, "label": rng.randrange(3)} for s in seqs]
+    if kind == "tagging":  # arbitrary labels per token: memorised
+        return [{"tokens": s, "tags": [rng.randrange(3) for _ in s]} for s in seqs]
     return [{"tokens": s} for s in seqs]
 
 
@@ -76,7 +79,7 @@ def test_overfits_tiny_batch(registry, name, kind, attention, extra):
     batch = collate(examples, fmt, kind)
     model = harness.create_model(
         name, vocab_size=VOCAB.size, max_length=batch["tokens" if fmt != "seq2seq" else "src"].shape[1],
-        task_kind=fmt, num_classes=3 if kind == "classification" else None, attention=attention,
+        task_kind=fmt, num_classes=3 if kind in ("classification", "tagging") else None, attention=attention,
         registry=registry, **{**SMALL[name], **extra},
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -2,10 +2,13 @@
 
 Any attention variant and any position scheme; depth, width, heads, FFN size, dropout,
 tied embeddings and pre- vs post-norm are hyper-parameters. For classification tasks the
-model is an encoder with mean pooling over non-padding tokens.
+model is an encoder with mean pooling over non-padding tokens; for tagging tasks an encoder
+with one label per token. Both are bidirectional unless ``causal: true`` (a left-to-right
+tagger).
 
 ``causal: false`` is rejected for ``lm`` tasks: their targets are the inputs shifted by
-one, so a bidirectional model would read each answer from the next input.
+one, so a bidirectional model would read each answer from the next input. Tagging tasks
+have targets aligned with the inputs, which is what per-token labelling needs.
 
 Causal models ignore ``padding_mask``: batches are right-padded, so no real token ever
 attends to a pad, and pads are never scored. This keeps the fused causal kernels.
@@ -31,7 +34,7 @@ class TransformerConfig:
     dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0
     norm: Annotated[str, Choice(("pre", "post"))] = "pre"
     tie_embeddings: Annotated[bool, Choice((True, False))] = True
-    causal: bool | None = None  # None: causal for lm tasks, bidirectional for classification
+    causal: bool | None = None  # None: causal for lm, bidirectional for classification/tagging
 
     def __post_init__(self) -> None:
         if self.d_model % self.heads:
@@ -59,7 +62,9 @@ def module_class() -> type:
             super().__init__()
             d = cfg.d_model
             self.classify = task.kind == "classification"
-            self.causal = (not self.classify) if cfg.causal is None else cfg.causal
+            self.tag = task.kind == "tagging"
+            encoder = self.classify or self.tag
+            self.causal = (not encoder) if cfg.causal is None else cfg.causal
             self.position = (
                 position(d_model=d, num_heads=cfg.heads, head_dim=d // cfg.heads,
                          max_length=task.max_length, causal=self.causal)
@@ -73,9 +78,9 @@ def module_class() -> type:
                 for _ in range(cfg.layers)
             )
             self.final_norm = nn.LayerNorm(d) if cfg.norm == "pre" else nn.Identity()
-            out = task.num_classes if self.classify else task.vocab_size
+            out = task.num_classes if encoder else task.vocab_size
             self.head = nn.Linear(d, out, bias=False)
-            if cfg.tie_embeddings and not self.classify and self.embed.weight.shape[1] == d:
+            if cfg.tie_embeddings and not encoder and self.embed.weight.shape[1] == d:
                 self.head.weight = self.embed.weight
 
         def supports_length(self, length: int) -> bool:
@@ -112,7 +117,7 @@ def harness_register_model(register: Any) -> None:
             name="transformer",
             build=build,
             config=TransformerConfig,
-            task_kinds=frozenset({"lm", "classification"}),
+            task_kinds=frozenset({"lm", "classification", "tagging"}),
             uses_attention=True,
             uses_position=True,
             default_attention="multi_head",
