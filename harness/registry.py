@@ -100,7 +100,7 @@ class ModelSpec(Spec):
 @dataclass(frozen=True)
 class TaskSpec(Spec):
     """A task. ``build(config, *, seed) -> harness.data.Task``. ``task_kind`` is one of
-    ``lm``, ``seq2seq``, ``classification``."""
+    ``lm``, ``seq2seq``, ``classification``, ``tagging`` (see :mod:`harness.data`)."""
 
     kind: ClassVar[str] = "task"
     task_kind: str = "lm"
