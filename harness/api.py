@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from harness.errors import ConfigError
 from harness.registry import Registry, Spec
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def create_model(
     position: str | None = None,
     attention_params: dict[str, Any] | None = None,
     position_params: dict[str, Any] | None = None,
+    attention_roles: dict[str, str | dict[str, Any]] | None = None,
     registry: Registry | None = None,
     **params: Any,
 ) -> Any:
@@ -51,23 +53,32 @@ def create_model(
 
     ``task_kind`` is the batch format the model will receive (``lm``, ``seq2seq`` or
     ``classification``); ``max_length`` the longest input it will see in training.
+    ``attention_roles`` gives roles the model declares their own variant, by name or as
+    ``{"name": ..., "params": {...}}``: ``attention_roles={"cross": "additive"}``.
     """
+    from pydantic import ValidationError
+
     from harness.build import build_model_from, resolve_model
-    from harness.config import ComponentConfig, ModelConfig
+    from harness.config import ComponentConfig, ModelConfig, format_validation_error
     from harness.data import TaskInfo
 
     def component(kind_name: str | None, kind_params: dict[str, Any] | None) -> Any:
         return ComponentConfig(name=kind_name, params=kind_params or {}) if kind_name else None
 
-    cfg = ModelConfig(
-        name=name,
-        params=params,
-        attention=component(attention, attention_params),
-        position=component(position, position_params),
-    )
-    model, att, pos = resolve_model(registry or load_plugins(), cfg)
+    roles = {r: {"name": v} if isinstance(v, str) else v for r, v in (attention_roles or {}).items()}
+    try:
+        cfg = ModelConfig(
+            name=name,
+            params=params,
+            attention=component(attention, attention_params),
+            position=component(position, position_params),
+            attention_roles=roles,  # type: ignore[arg-type]  # validated into ComponentConfigs
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "create_model arguments")) from None
+    model, att, pos, att_roles = resolve_model(registry or load_plugins(), cfg)
     info = TaskInfo(kind=task_kind, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
-    return build_model_from(model, att, pos, info)
+    return build_model_from(model, att, pos, info, att_roles)
 
 
 def train(config: Any, **kwargs: Any) -> RunResult:

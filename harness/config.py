@@ -37,6 +37,12 @@ class ComponentConfig(Strict):
 class ModelConfig(ComponentConfig):
     attention: ComponentConfig | None = None
     position: ComponentConfig | None = None
+    # per-role attention variants (``cross: {name: additive}``) of a model that declares
+    # roles (``ModelSpec.attention_roles``); a role not listed uses ``attention``. Left out
+    # of dumps when empty, so configs without roles serialise as before.
+    attention_roles: dict[str, ComponentConfig] = Field(
+        default_factory=dict, exclude_if=lambda roles: not roles
+    )
 
 
 class TrainConfig(Strict):

@@ -265,7 +265,7 @@ def _log_figures(p: Plan, task: Any, system: Any, cfg: RunConfig, tracker: track
             tracker.log_dict(run_id, {"metric": metric, "train_length": task.train_length,
                                       "points": {str(k): v for k, v in curve.items()}},
                              "plots/extrapolation.json")
-        if cfg.train.log_attention and p.attention is not None:
+        if cfg.train.log_attention and (p.attention is not None or p.attention_roles):
             for i, maps in enumerate(attention_maps(system.model, task, p.fmt, count=2)):
                 path = plots.attention_maps(maps, Path(tmp) / f"attention_{i}.png",
                                             title=f"{default_run_name(p)} — example {i}")
@@ -316,8 +316,9 @@ def provenance_tags(p: Plan) -> dict[str, str]:
 
 def default_run_name(p: Plan) -> str:
     parts = [p.model.name]
-    if p.attention:
-        parts.append(p.attention.name)
+    if p.attention or p.attention_roles:  # the shared variant, then overrides: linear,cross=additive
+        shared = [p.attention.name] if p.attention else []
+        parts.append(",".join(shared + [f"{r}={c.name}" for r, c in p.attention_roles.items()]))
     if p.position:
         parts.append(p.position.name)
     return "/".join(parts) + f" on {p.task.name}"

@@ -22,7 +22,9 @@ Every hyper-parameter a plugin declares with a range is searched unless the YAML
 (``params``) or switches the declared ranges off (``search_declared: false``); ``search``
 replaces a declared range (a list of options, or ``{low, high, log, step}``). The task is
 never searched: every candidate sees the same data. Errors name the field
-(``candidates[2].model.position.search.base``).
+(``candidates[2].model.position.search.base``). A model that declares attention roles may
+give a role its own variant (``attention_roles: {cross: {name: additive}}``, as in a run
+config); those are fixed choices with fixed params: never searched.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ class SearchComponent(Strict):
 class CandidateModel(SearchComponent):
     attention: SearchComponent | None = None
     position: SearchComponent | None = None
+    attention_roles: dict[str, ComponentConfig] = Field(
+        default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
+        description="per-role attention variants, fixed (their params are never searched)",
+    )
 
 
 class Candidate(Strict):
@@ -539,6 +545,7 @@ class StudySpace:
             comp = getattr(cand, role)
             if comp is not None:
                 model[role] = {"name": comp.spec.name, "params": values[role]}
+        model.update(_fixed_roles(cand))
         run = {"task": cfg.task.model_dump(), "model": model, "train": train,
                "plugins": list(cfg.plugins)}
         if cand.width_param is not None:
@@ -570,6 +577,7 @@ class StudySpace:
         for comp in (cand.attention, cand.position):
             if comp is not None:
                 model[comp.role] = entry(comp)
+        model.update(_fixed_roles(cand))
         return {"task": self.config.task.model_dump(), "model": model}
 
     def count_params(self, run: dict[str, Any]) -> int | None:
@@ -618,6 +626,13 @@ class StudySpace:
             )
         width = min(valid, key=lambda w: (abs(valid[w] - target), w))
         return width, valid[width]
+
+
+def _fixed_roles(cand: CandidateSpace) -> dict[str, Any]:
+    """The candidate's per-role attention variants as run-config entries (validated with
+    the rest of the run config, by ``_check_plan``)."""
+    roles = cand.candidate.model.attention_roles
+    return {"attention_roles": {r: c.model_dump() for r, c in roles.items()}} if roles else {}
 
 
 def _first(rng: Range) -> Any:

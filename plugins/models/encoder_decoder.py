@@ -3,10 +3,20 @@
 
 A bidirectional encoder (self-attention over the source), a causal decoder (masked
 self-attention over the target prefix, then cross-attention to the encoder output) and a
-linear head. The attention factory is called once per layer and role, so the chosen
-attention variant serves encoder self-attention, decoder self-attention and
-cross-attention. The position scheme acts on both stacks, one instance each (the encoder's
-built bidirectional, the decoder's causal); cross-attention sees no positions.
+linear head. The attention factory is called once per layer and role, for the three roles
+this model declares: ``encoder`` (encoder self-attention), ``decoder`` (decoder
+self-attention) and ``cross`` (cross-attention). ``model.attention`` serves every role
+that ``model.attention_roles`` does not give its own variant, e.g. linear self-attention
+with additive cross-attention::
+
+    model:
+      name: encoder_decoder
+      attention: {name: linear}                 # encoder and decoder self-attention
+      attention_roles: {cross: {name: additive}}
+
+The position scheme acts on both stacks, one instance each (the encoder's built
+bidirectional, the decoder's causal); cross-attention sees no positions, so only the
+self-attention roles are checked against it.
 
 Training is teacher-forced (the batch's ``tgt_in`` is the target shifted right after BOS);
 evaluation decodes greedily with a per-layer cache (:meth:`greedy_decode`), or with
@@ -67,18 +77,19 @@ def module_class() -> type:
                 return position(d_model=d, num_heads=heads, head_dim=d // heads,
                                 max_length=task.max_length, causal=causal)
 
-            def block(cross: bool) -> Any:
-                return TransformerBlock(d, attention(d, heads), cfg.ffn_mult * d, dropout=cfg.dropout,
-                                        norm_first=cfg.norm == "pre",
-                                        cross_attn=attention(d, heads) if cross else None)
+            def block(role: str) -> Any:
+                return TransformerBlock(d, attention(d, heads, role=role), cfg.ffn_mult * d,
+                                        dropout=cfg.dropout, norm_first=cfg.norm == "pre",
+                                        cross_attn=attention(d, heads, role="cross")
+                                        if role == "decoder" else None)
 
             self.enc_position, self.dec_position = scheme(False), scheme(True)
             self.src_embed = ScaledEmbedding(task.vocab_size, self.enc_position.token_width(d))
             tgt_width = self.dec_position.token_width(d)
             tie = cfg.tie_embeddings and tgt_width == self.src_embed.embedding_dim
             self.tgt_embed = self.src_embed if tie else ScaledEmbedding(task.vocab_size, tgt_width)
-            self.encoder = nn.ModuleList(block(cross=False) for _ in range(cfg.encoder_layers))
-            self.decoder = nn.ModuleList(block(cross=True) for _ in range(cfg.decoder_layers))
+            self.encoder = nn.ModuleList(block("encoder") for _ in range(cfg.encoder_layers))
+            self.decoder = nn.ModuleList(block("decoder") for _ in range(cfg.decoder_layers))
             final_norm = (lambda: nn.LayerNorm(d)) if cfg.norm == "pre" else nn.Identity
             self.enc_norm, self.dec_norm = final_norm(), final_norm()
             self.drop = nn.Dropout(cfg.dropout)
@@ -160,10 +171,12 @@ def harness_register_model(register: Any) -> None:
             config=EncoderDecoderConfig,
             task_kinds=frozenset({"seq2seq"}),
             uses_attention=True,
+            attention_roles=("encoder", "decoder", "cross"),
             uses_position=True,
             default_attention="multi_head",
             default_position="sinusoidal",
             width_param="d_model",
-            description="Transformer encoder-decoder (Vaswani et al., 2017); any attention x position.",
+            description="Transformer encoder-decoder (Vaswani et al., 2017); any attention x "
+                        "position, per role (encoder, decoder, cross).",
         )
     )
