@@ -372,3 +372,99 @@ def test_tied_qk_shares_one_projection(registry, name):
     q = tied.split_heads(tied.q_proj(x), tied.qk_dim)
     scores = tied.score(q, tied.split_heads(tied.k_proj(x), tied.qk_dim))
     torch.testing.assert_close(scores, scores.transpose(-2, -1))  # no query/key distinction
+
+
+# -- linear cross-attention decoding: the memory's sums are computed once ---------------------
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["float32", "float64"])
+def test_linear_cached_cross_attention_sums_the_memory_once(registry, dtype):
+    torch.manual_seed(11)
+    m = build(registry, "linear").to(dtype)
+    x, memory = torch.randn(2, 6, D_MODEL, dtype=dtype), torch.randn(2, 9, D_MODEL, dtype=dtype)
+    kpm = padding(2, 9)
+    full, _ = m(x, memory, key_padding_mask=kpm)
+    want, _ = reference("linear", m, x, memory, kpm=kpm)
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
+    torch.testing.assert_close(full, want.to(dtype), **tol)  # padding honoured
+    calls = {"k_proj": 0, "v_proj": 0}
+    for proj in calls:
+        getattr(m, proj).register_forward_hook(lambda *_, proj=proj: calls.__setitem__(proj, calls[proj] + 1))
+    cache = AttentionCache()
+    steps = [m(x[:, :1], memory, key_padding_mask=kpm, cache=cache)[0]]
+    garbage = torch.full_like(memory, math.nan)
+    for t in range(1, 6):
+        # Later steps read neither the memory nor its cached keys/values: make both NaN.
+        cache.k, cache.v = torch.full_like(cache.k, math.nan), torch.full_like(cache.v, math.nan)
+        steps.append(m(x[:, t: t + 1], garbage, key_padding_mask=kpm, cache=cache)[0])
+    assert calls == {"k_proj": 1, "v_proj": 1}
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **tol)
+
+
+# -- sliding window with score-bias schemes: bias asked per block, same function -------------
+BIAS_SCHEMES = {"alibi": {}, "t5_bias": {"num_buckets": 8, "max_distance": 16}, "relative": {"clip": 3}}
+
+
+def bias_scheme(registry, name, causal):
+    spec = registry.get("position", name)
+    config = spec.config(**BIAS_SCHEMES[name]) if spec.config else None
+    scheme = spec.build(config, d_model=D_MODEL, num_heads=MODEL_HEADS, head_dim=D_MODEL // MODEL_HEADS,
+                        max_length=None, causal=causal)
+    with torch.no_grad():  # T5's table starts near zero: make its bias matter
+        for p in scheme.parameters():
+            p.normal_()
+    return scheme
+
+
+def windowed_reference(m, scheme, x, *, causal, kpm):
+    """Explicit masked softmax over all L x L pairs, with the scheme's full bias."""
+    b, n, _ = x.shape
+    q, k, v = (by_heads(linear_map(x, p), m.num_heads) for p in (m.q_proj, m.k_proj, m.v_proj))
+    pos = torch.arange(n)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + scheme.score_bias(q, pos, pos)
+    allowed = allowed_pairs(n, n, b, causal, kpm, m.window)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True).clamp(min=-1e300))
+    total = weights.sum(-1, keepdim=True)
+    weights = weights / torch.where(total > 0, total, torch.ones_like(total))
+    return linear_map((weights @ v).transpose(1, 2).reshape(b, n, -1), m.out_proj)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("scheme_name", BIAS_SCHEMES)
+def test_sliding_window_with_bias_scheme_equals_full_masked_softmax(registry, scheme_name, causal):
+    torch.manual_seed(zlib.crc32(f"window/{scheme_name}/{causal}".encode()))
+    m = build(registry, "sliding_window", window=4, block=5)  # block edges off the window's
+    scheme = bias_scheme(registry, scheme_name, causal).double()
+    x = torch.randn(2, 23, D_MODEL, dtype=F64, requires_grad=True)
+    kpm = padding(2, 23)
+    out, _ = m(x, causal=causal, key_padding_mask=kpm, position=scheme)
+    want = windowed_reference(m, scheme, x, causal=causal, kpm=kpm)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
+    logged, _ = m(x, causal=causal, key_padding_mask=kpm, position=scheme, need_weights=True)
+    torch.testing.assert_close(logged, want, atol=1e-10, rtol=1e-9)
+    named = [*m.named_parameters(), *(("scheme." + n, p) for n, p in scheme.named_parameters())]
+    got_g = grads(out, [x], [p for _, p in named], seed=2)
+    want_g = grads(want, [x], [p for _, p in named], seed=2)
+    for got, exp, label in zip(got_g, want_g, ["x"] + [n for n, _ in named], strict=True):
+        assert got is not None and exp is not None, label
+        torch.testing.assert_close(got, exp, atol=1e-10, rtol=1e-9, msg=f"gradient of {label}")
+
+
+@pytest.mark.parametrize("scheme_name", BIAS_SCHEMES)
+def test_sliding_window_with_bias_scheme_never_forms_the_full_bias(registry, scheme_name):
+    torch.manual_seed(12)
+    length, window = 1024, 32
+    m = build(registry, "sliding_window", window=window).float()
+    scheme = bias_scheme(registry, scheme_name, causal=True)
+    x = torch.randn(1, length, D_MODEL, requires_grad=True)
+
+    def fwd_bwd_with_scheme():
+        out, _ = m(x, causal=True, position=scheme)
+        grads(out, [x], [*m.parameters(), *scheme.parameters()], seed=4)
+
+    with LargestTensor() as windowed:
+        fwd_bwd_with_scheme()
+    m.bias_by_blocks = False  # the scheme's full (…, L, L) bias, gathered from
+    with LargestTensor() as full_bias:
+        fwd_bwd_with_scheme()
+    assert full_bias.numel >= length * length  # the test can tell the two apart
+    assert windowed.numel < length * length / 4, (windowed.numel, full_bias.numel)

@@ -19,6 +19,16 @@ or that call a fused kernel) and, if its decoding state is not "all keys and val
 
 An ``attend`` override receives the per-head ``q, k, v`` and the keywords ``q_pos, k_pos,
 causal, key_padding_mask, bias, need_weights, state, cross`` (see :meth:`Attention.attend`).
+Two opt-in class attributes change what it receives (both off by default):
+
+* ``memory_state = True``: during cached cross-attention ``state`` is the cross cache's
+  dict, which lives as long as the memory: keep there what depends on the memory only
+  (linear attention's sums over it), computed on the first step;
+* ``bias_by_blocks = True``: ``bias`` is not the full (…, Lq, Lk) tensor but a function
+  ``bias(q, q_pos, k_pos)`` giving the scheme's bias for any queries ``q`` (B, H, lq, D)
+  at positions ``q_pos`` (lq,) against keys at ``k_pos`` (lk,), in this layer's heads (or
+  None when the scheme adds none): a variant that sees only some keys per query block
+  asks for those blocks only (sliding window).
 
 Mask convention: ``key_padding_mask`` is (B, Lk) with ``True`` at padding (ignored keys);
 ``allowed`` masks are ``True`` where a query may attend to a key. A query that may attend
@@ -28,6 +38,7 @@ output and zero gradients, never NaN.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -150,6 +161,9 @@ class Attention(nn.Module):
             shared, when this layer has more heads).
     """
 
+    memory_state: bool = False  # attend() gets the cross cache's state (see module docs)
+    bias_by_blocks: bool = False  # attend() gets the bias as a function (see module docs)
+
     def __init__(
         self,
         d_model: int,
@@ -239,7 +253,12 @@ class Attention(nn.Module):
             elif cache.k is None:
                 cache.k, cache.v, cache.k_pos = k, v, k_pos
                 cache.key_padding_mask = key_padding_mask
-        bias = self.position_bias(position, q, q_pos, k_pos) if use_position else None
+        bias: Any = None
+        if use_position and self.bias_by_blocks:
+            if _overrides(position, "score_bias"):
+                bias = functools.partial(self.position_bias, position)
+        elif use_position:
+            bias = self.position_bias(position, q, q_pos, k_pos)
         out, weights = self.attend(
             q,
             k,
@@ -250,7 +269,7 @@ class Attention(nn.Module):
             key_padding_mask=key_padding_mask,
             bias=bias,
             need_weights=need_weights,
-            state=cache.state if (cache is not None and is_self) else None,
+            state=cache.state if (cache is not None and (is_self or self.memory_state)) else None,
             cross=not is_self,
         )
         return self.out_proj(self.merge_heads(out)), weights
@@ -350,8 +369,10 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Softmax attention over :meth:`score`: (B, H, Lq, Dv) output and optional weights.
 
-        ``state`` is the decoding cache's ``state`` dict during cached self-attention (None
-        otherwise): a variant that carries running sums reads and updates it here.
+        ``state`` is the decoding cache's ``state`` dict during cached self-attention (and
+        cached cross-attention for a variant with ``memory_state``; None otherwise): a
+        variant that carries running sums reads and updates it here. ``bias`` is a function
+        of (q, q_pos, k_pos) instead of a tensor for a variant with ``bias_by_blocks``.
         ``cross``: keys come from another sequence (their positions do not compare with
         the queries'), for variants whose masks depend on distances.
         """

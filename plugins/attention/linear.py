@@ -16,7 +16,9 @@ grow linearly with the length.
   standard chunked form; ``chunk = 1`` is the plain recurrence). Same sums, matrix
   products instead of a Python loop over positions.
 * Decoding: the cache holds only the running sums (``state["kv"]``, ``state["z"]``), O(1)
-  memory and time per token.
+  memory and time per token. Cross-attention computes the sums over the (padded) memory
+  once, on the first cached step, and keeps them in the cross cache's state: each later
+  step costs O(1) in the source length (the memory's keys are never read again).
 
 Position hooks: rotations (RoPE) act on queries and keys before φ. An additive score bias
 (ALiBi, T5, Shaw) cannot be applied, because no score is ever formed; the spec declares
@@ -109,6 +111,8 @@ def module_class() -> type:
         return torch.cat(outs, dim=2)
 
     class LinearAttention(Attention):
+        memory_state = True  # the sums over the memory, kept by the cross cache
+
         def __init__(self, d_model: int, num_heads: int, *, chunk: int, **kwargs: Any) -> None:
             super().__init__(d_model, num_heads, **kwargs)
             self.chunk = chunk
@@ -123,14 +127,21 @@ def module_class() -> type:
                    state=None, cross=False):
             if bias is not None:
                 raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
-            if need_weights and state is not None:
+            if need_weights and state is not None and not cross:
                 raise ValueError("linear attention cannot return weights during cached decoding: "
                                  "the cache keeps running sums, not keys. Run a full pass.")
-            fq, fk = feature(q), feature(k)
+            dropping = self.training and bool(self.dropout)
+            fq = feature(q)
+            # Cached cross-attention: the sums over the memory, computed on the first step.
+            # (Not under key dropout, which draws new keys to drop at every call.)
+            memo = state if (cross and state is not None and not dropping) else None
+            if memo is not None and "kv" in memo and not need_weights:
+                return normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
+            fk = feature(k)
             keep = None
             if key_padding_mask is not None:
                 keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
-            if self.training and self.dropout:
+            if dropping:
                 kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
                 keep = kept if keep is None else keep & kept
             if keep is not None:
@@ -139,8 +150,12 @@ def module_class() -> type:
                 if q.shape[2] != k.shape[2]:
                     raise ValueError("causal linear attention needs one key per query position.")
                 out = prefix_sums(fq, fk, v, state, self.chunk)
+            elif memo is not None:
+                if "kv" not in memo:
+                    memo["kv"], memo["z"] = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
+                out = normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
             else:
-                out = global_sums(fq, fk, v, state)
+                out = global_sums(fq, fk, v, None if cross else state)
             weights = None
             if need_weights:
                 kernel = fq @ fk.transpose(-2, -1)

@@ -10,7 +10,9 @@ window can reach (block + window - 1 causal, block + 2 (window - 1) bidirectiona
 blocks run side by side as one batch through the fused ``scaled_dot_product_attention``
 under a boolean band mask. Time and memory grow like L x (block + window), not L²; no full
 score matrix is formed (attention weights, when requested, are the exception: they are
-computed in full for logging).
+computed in full for logging). A score-bias scheme (ALiBi, T5, Shaw) is asked for its bias
+block by block, for each query block's positions against its span of keys only
+(``bias_by_blocks``), so the bias costs L x span too, never L x L.
 
 Decoding: the cache keeps only the last ``window - 1`` keys and values (what the next
 query can still see), so memory and time per token are O(window).
@@ -78,6 +80,8 @@ def module_class() -> type:
         return out if empty is None else out.masked_fill(empty, 0.0)
 
     class SlidingWindowAttention(Attention):
+        bias_by_blocks = True  # ask the scheme for each block's bias, not the full L x L
+
         def __init__(self, d_model: int, num_heads: int, *, window: int, block: int,
                      **kwargs: Any) -> None:
             super().__init__(d_model, num_heads, **kwargs)
@@ -125,9 +129,7 @@ def module_class() -> type:
             if key_padding_mask is not None:
                 allowed = allowed & ~key_padding_mask[:, index][:, None, :, None, :]
             if bias is not None:
-                r = rows.clamp(max=lq - 1) if bias.shape[-2] > 1 else torch.zeros_like(rows)
-                col = index if bias.shape[-1] > 1 else torch.zeros_like(index)
-                bias = bias[..., r[:, :, None], col[:, None, :]]  # (.., .., n, c, span)
+                bias = self._block_bias(bias, q, q_pos, k_pos, index)
             mask, empty = sdpa_mask(allowed, bias, q.dtype)
             assert mask is not None and empty is not None
             mask = mask.expand(mask.shape[0], h, n, c, span).reshape(mask.shape[0], h * n, c, span)
@@ -137,9 +139,35 @@ def module_class() -> type:
             out = out.masked_fill(empty.expand(empty.shape[0], h, n, c, 1).reshape(-1, h * n, c, 1), 0.0)
             return out.reshape(b, h, n * c, -1)[:, :, :lq]
 
+        def _block_bias(self, bias, q, q_pos, k_pos, index):  # type: ignore[no-untyped-def]
+            """(.., .., n, c, span): each query block's bias against its own span of keys.
+
+            ``bias`` is the scheme's bias function (``bias_by_blocks``); a tensor (a caller
+            that computed the full bias itself) is gathered from instead."""
+            n, span = index.shape
+            c, lq = self.block, q.shape[2]
+            if isinstance(bias, Tensor):
+                rows = torch.arange(n * c, device=q.device).view(n, c)
+                r = rows.clamp(max=lq - 1) if bias.shape[-2] > 1 else torch.zeros_like(rows)
+                col = index if bias.shape[-1] > 1 else torch.zeros_like(index)
+                return bias[..., r[:, :, None], col[:, None, :]]
+            blocks = []
+            for i in range(n):
+                s = i * c
+                part = bias(q[:, :, s: s + c], q_pos[s: s + c], k_pos[index[i]])
+                if part is None:
+                    return None
+                rows = min(c, lq - s)
+                part = part.expand(*part.shape[:-2], rows, span)
+                part = F.pad(part, (0, 0, 0, c - rows))  # the last block's padding rows
+                blocks.append(part.reshape((1,) * (4 - part.dim()) + tuple(part.shape)))
+            return torch.stack(blocks, dim=2)
+
         def _full(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, window):  # type: ignore[no-untyped-def]
             """Every score at once, with the weights (for logging)."""
             scores = self.score(q, k)
+            if callable(bias):
+                bias = bias(q, q_pos, k_pos)
             if bias is not None:
                 scores = scores + bias
             allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask,
