@@ -14,420 +14,62 @@ be rebuilt at any time, by anyone who can reach them. One folder (default
 * ``learning_curves.png``, ``extrapolation.png``, ``front.png`` (quality versus cost);
 * ``optuna/<candidate>_history.png`` and ``_importance.png`` (Optuna's own plots);
 * ``attention/``: attention maps of the best attention-based model on a few examples.
+
+This module assembles the report (blocks, files, ``summary.json``) from three others, re-exported
+here (the public entry point)::
+
+    harness.report_collect  the numbers, read back from Optuna and MLflow, and their statistics
+    harness.report_figures  the figures (matplotlib, Optuna's plots, attention maps)
+    harness.report_render   blocks as Markdown and HTML, the tables, number formatting
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
-import os
-import shutil
-import tempfile
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness import stats, tracking
-from harness.plots import extrapolation_curve, pyplot, save_figure
-from harness.study import (
-    CONFIG_ATTR,
-    SEED_ATTR,
-    StudyHandle,
-    best_trial,
-    phase_progress,
-    progress,
-    reconcile,
-    settle_parent,
+from harness import tracking
+from harness.report_collect import (
+    N_RESAMPLES,
+    CandidateResult,
+    SeedRun,
+    collect,
+    front_cost,
 )
-from harness.study_config import COSTS
+from harness.report_figures import (
+    attention_maps,
+    extrapolation,
+    front,
+    learning_curves,
+    optuna_plots,
+)
+from harness.report_render import (
+    Block,
+    _count,
+    _fmt,
+    _interval,
+    length_table,
+    ranked_table,
+    render_html,
+    render_markdown,
+)
+from harness.study import StudyHandle, progress, reconcile, settle_parent
 
-N_RESAMPLES = 10_000
-
-
-@dataclass
-class SeedRun:
-    seed: int
-    run_id: str
-    value: float
-    metrics: dict[str, float]
-    not_applicable: list[int]
-
-
-@dataclass
-class CandidateResult:
-    name: str
-    label: str
-    seeds: list[SeedRun]
-    tuning: dict[str, int]
-    best_trial: int | None
-    best_value: float | None
-    best_config: dict[str, Any] | None
-    tuning_points: list[tuple[float, float]] = field(default_factory=list)  # (cost, quality)
-    mean: float = math.nan
-    ci: tuple[float, float] = (math.nan, math.nan)
-    rank: float = math.nan
-    paired: stats.PairedComparison | None = None
-    cost: dict[str, float] = field(default_factory=dict)  # mean over seeds
-    by_length: dict[int, float | None] = field(default_factory=dict)  # None: n/a
-    on_front: bool = False
-
-    @property
-    def values(self) -> dict[int, float]:
-        return {s.seed: s.value for s in self.seeds}
-
-    @property
-    def uses_attention(self) -> bool:
-        return bool(self.best_config and (self.best_config.get("model") or {}).get("attention"))
+__all__ = [
+    "write_report",
+    # harness.report_collect
+    "N_RESAMPLES", "CandidateResult", "SeedRun", "collect", "front_cost",
+    # harness.report_figures
+    "attention_maps", "extrapolation", "front", "learning_curves", "optuna_plots",
+    # harness.report_render
+    "Block", "length_table", "ranked_table", "render_html", "render_markdown",
+    "_count", "_finite", "_fmt", "_interval",
+]
 
 
-# -- collecting -------------------------------------------------------------------------------
-def _children(handle: StudyHandle) -> dict[str, Any]:
-    """Child runs of the study by their ``harness.trial`` tag (one query, paged)."""
-    client = handle.tracker.client
-    out, token = {}, None
-    while True:
-        page = client.search_runs([handle.experiment_id()],
-                                  f"tags.mlflow.parentRunId = '{handle.parent_run_id}'",
-                                  max_results=1000, page_token=token)
-        for run in page:
-            out[run.data.tags.get("harness.trial", run.info.run_id)] = run
-        token = page.token
-        if not token:
-            return out
-
-
-def _cost_value(metrics: dict[str, float], cost: str) -> float:
-    keys = COSTS[cost][0]
-    return next((float(metrics[k]) for k in keys if k in metrics), math.nan)
-
-
-def front_cost(handle: StudyHandle) -> str:
-    """The cost on the front's x axis: the study's cost objective, else parameters."""
-    return handle.config.cost.metric if handle.config.cost else "params"
-
-
-def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResult]:
-    """Per candidate: tuning summary, best configuration, confirmation runs and statistics."""
-    from optuna.trial import TrialState
-
-    from harness.system import metric_key
-
-    cfg = handle.config
-    children = _children(handle)
-    metric, cost = cfg.objective.metric, front_cost(handle)
-    results = []
-    for cand in cfg.candidates:
-        tune = handle.load("tune", cand.name)
-        trials = tune.get_trials(deepcopy=False)
-        prog = phase_progress(trials, cfg.budget.trials)
-        best = best_trial(tune, cfg)
-        points = []
-        for t in trials:
-            run = children.get(f"{tune.study_name}#{t.number}")
-            if t.state == TrialState.COMPLETE and run is not None:
-                points.append((_cost_value(run.data.metrics, cost), t.values[0]))
-        confirm = handle.load("confirm", cand.name)
-        seeds = []
-        for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            run = children.get(f"{confirm.study_name}#{t.number}")
-            if run is None:
-                continue
-            na = run.data.tags.get("harness.not_applicable_lengths", "")
-            seeds.append(SeedRun(int(t.user_attrs[SEED_ATTR]), run.info.run_id, t.values[0],
-                                 dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
-        seeds.sort(key=lambda s: s.seed)
-        best_config = best.user_attrs.get(CONFIG_ATTR) if best is not None else None
-        label = " · ".join(x for x in (cand.model.name,
-                                       cand.model.attention.name if cand.model.attention else "",
-                                       cand.model.position.name if cand.model.position else "") if x)
-        res = CandidateResult(
-            cand.name, label, seeds,
-            {"complete": prog.complete, "pruned": prog.pruned, "failed": prog.failed,
-             "interrupted": prog.retried, "budget": prog.slots},
-            best.number if best else None, best.values[0] if best else None, best_config, points)
-        values = [s.value for s in seeds]
-        res.mean = stats.mean(values)
-        res.ci = stats.bootstrap_ci(values, cfg.confirm.confidence, N_RESAMPLES)
-        for name in COSTS:
-            res.cost[name] = stats.mean([_cost_value(s.metrics, name) for s in seeds])
-        for length in lengths:
-            if seeds and all(length in s.not_applicable for s in seeds):
-                res.by_length[length] = None
-            else:
-                res.by_length[length] = stats.mean(
-                    [s.metrics.get(metric_key(metric, length), math.nan) for s in seeds])
-        results.append(res)
-    _compare(results, handle)
-    return results
-
-
-def _compare(results: list[CandidateResult], handle: StudyHandle) -> None:
-    cfg = handle.config
-    maximize = cfg.objective.direction == "maximize"
-    for res, rank in zip(results, stats.ranks([r.mean for r in results], maximize), strict=True):
-        res.rank = rank
-    base = next(r for r in results if r.name == cfg.baseline)
-    for res in results:
-        if res is not base:
-            res.paired = stats.paired_comparison(res.values, base.values, cfg.confirm.confidence,
-                                                 N_RESAMPLES)
-    cost = front_cost(handle)
-    points = [(r.mean, r.cost.get(cost, math.nan)) for r in results]
-    mask = stats.pareto_mask(points, [maximize, COSTS[cost][1] == "maximize"])
-    for res, on in zip(results, mask, strict=True):
-        res.on_front = on
-
-
-# -- figures ----------------------------------------------------------------------------------
-def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
-    """``val/<metric>`` against optimizer steps: each seed thin, the mean over seeds bold."""
-    key = f"val/{handle.config.objective.metric}"
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    drawn = False
-    for i, res in enumerate(results):
-        color = f"C{i % 10}"
-        curves = []
-        for s in res.seeds:
-            hist = {m.step: m.value for m in handle.tracker.client.get_metric_history(s.run_id, key)}
-            if hist:
-                steps = sorted(hist)
-                ax.plot(steps, [hist[x] for x in steps], color=color, alpha=0.3, linewidth=0.8)
-                curves.append(hist)
-        if curves:
-            common = sorted(set.intersection(*(set(c) for c in curves)))
-            ax.plot(common, [sum(c[x] for c in curves) / len(curves) for x in common],
-                    color=color, linewidth=2, label=f"{res.name} (mean of {len(curves)})")
-            drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"{key} (training length)")
-    ax.set_title("Learning curves of the confirmation runs")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def extrapolation(handle: StudyHandle, results: list[CandidateResult], train_length: int,
-                  path: Path) -> Path | None:
-    curves = {r.name: {n: v for n, v in r.by_length.items() if v is not None and math.isfinite(v)}
-              for r in results}
-    curves = {k: v for k, v in curves.items() if v}
-    if not curves or max(len(v) for v in curves.values()) < 2:
-        return None
-    return extrapolation_curve(curves, metric=f"val/{handle.config.objective.metric}",
-                               train_length=train_length, path=path,
-                               title="Mean over confirmation seeds by evaluation length")
-
-
-def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
-    """Quality against cost: every completed tuning trial (small), each candidate's
-    confirmed mean with its interval (large), the non-dominated candidates joined."""
-    cfg = handle.config
-    cost = front_cost(handle)
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    front_pts = []
-    for i, res in enumerate(results):
-        color = f"C{i % 10}"
-        pts = [(c, q) for c, q in res.tuning_points if math.isfinite(c)]
-        if pts:
-            ax.scatter(*zip(*pts, strict=True), s=14, color=color, alpha=0.35)
-        x = res.cost.get(cost, math.nan)
-        if math.isfinite(x) and math.isfinite(res.mean):
-            err = None
-            if all(math.isfinite(v) for v in res.ci):
-                err = [[res.mean - res.ci[0]], [res.ci[1] - res.mean]]
-            ax.errorbar([x], [res.mean], yerr=err, fmt="o", markersize=8, color=color,
-                        capsize=3, label=res.name)
-            if res.on_front:
-                front_pts.append((x, res.mean))
-    if not ax.has_data():
-        plt.close(fig)
-        return None
-    if len(front_pts) > 1:
-        front_pts.sort()
-        ax.plot(*zip(*front_pts, strict=True), color="black", linestyle="--", linewidth=1,
-                label="front")
-    if cost in ("params", "peak_memory"):
-        ax.set_xscale("log")
-    ax.set_xlabel({"params": "parameters", "tokens_per_s": "training tokens / s",
-                   "peak_memory": "peak memory (MB)"}[cost])
-    ax.set_ylabel(f"val/{cfg.objective.metric}")
-    ax.set_title("Quality versus cost (small: tuning trials; large: confirmed mean, 95% CI)")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]], list[str]]:
-    """Optuna's optimization history and parameter importances per candidate (matplotlib
-    backend). Importance needs two completed trials and a searched parameter; otherwise a
-    note says why it is missing."""
-    import optuna
-    from optuna.visualization import matplotlib as ovm
-
-    plt = pyplot()
-    cfg = handle.config
-    target = (lambda t: t.values[0]) if cfg.multi_objective else None
-    name = f"val/{cfg.objective.metric}"
-    figures, notes = [], []
-    (out / "optuna").mkdir(exist_ok=True)
-    for cand in cfg.candidates:
-        study = handle.load("tune", cand.name)
-        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        for kind, plot in (("history", ovm.plot_optimization_history),
-                           ("importance", ovm.plot_param_importances)):
-            path = out / "optuna" / f"{cand.name}_{kind}.png"
-            if kind == "importance" and (len(complete) < 2 or not any(t.params for t in complete)):
-                notes.append(f"{cand.name}: no parameter importance (needs two completed trials "
-                             f"with searched parameters; has {len(complete)})")
-                continue
-            try:
-                # Optuna switches the global style to ggplot; keep that inside this block.
-                with warnings.catch_warnings(), plt.rc_context():
-                    warnings.simplefilter("ignore")
-                    ax = plot(study, target=target, target_name=name)
-                fig: Any = ax.figure
-                fig.set_size_inches(6.5, 4)
-                save_figure(fig, path, dpi=100)
-                figures.append((f"{cand.name}: Optuna {kind}", path))
-            except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-                notes.append(f"{cand.name}: Optuna {kind} plot unavailable ({exc})")
-    return figures, notes
-
-
-def attention_maps(handle: StudyHandle, results: list[CandidateResult], out: Path
-                   ) -> tuple[str | None, list[Path]]:
-    """Copy the attention maps of the best-ranked attention-based candidate's best
-    confirmation run (logged by every run under ``attention/``)."""
-    maximize = handle.config.objective.direction == "maximize"
-    ranked = sorted((r for r in results if r.uses_attention and r.seeds), key=lambda r: r.rank)
-    for res in ranked:
-        best = max(res.seeds, key=lambda s: s.value if maximize else -s.value)
-        client = handle.tracker.client
-        files = [f.path for f in client.list_artifacts(best.run_id, "attention") if not f.is_dir]
-        if not files:
-            continue
-        dst = out / "attention"
-        dst.mkdir(exist_ok=True)
-        copied = []
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        with tempfile.TemporaryDirectory() as tmp:
-            for item in files:
-                local = Path(client.download_artifacts(best.run_id, item, tmp))
-                target = dst / f"{res.name}_seed{best.seed}_{local.name}"
-                shutil.copy(local, target)
-                copied.append(target)
-        return f"{res.name} (seed {best.seed}, run {best.run_id})", copied
-    return None, []
-
-
-# -- rendering ----------------------------------------------------------------------------------
-Block = tuple[str, Any]
-
-
-def _fmt(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.{digits}g}" if math.isfinite(x) else "–"
-
-
-def _count(x: float | None) -> str:
-    """Parameters, tokens/s, megabytes: whole numbers with thousands separators."""
-    return f"{x:,.0f}" if x is not None and math.isfinite(x) else "–"
-
-
-def _interval(mean: float, ci: tuple[float, float]) -> str:
-    if not math.isfinite(mean):
-        return "–"
-    if not all(math.isfinite(v) for v in ci):
-        return f"{_fmt(mean)} (one seed)"
-    return f"{_fmt(mean)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
-
-
-def ranked_table(handle: StudyHandle, results: list[CandidateResult], length: int) -> Block:
-    cfg = handle.config
-    header = ["rank", "candidate", "model · attention · position",
-              f"val/{cfg.objective.metric} @{length}: mean [95% CI]",
-              f"Δ vs {cfg.baseline} [95% CI]", "p (paired)", "seeds", "params",
-              "tokens/s", "peak MB", "tuning: done (pruned, failed) / budget"]
-    rows = []
-    for r in sorted(results, key=lambda r: (r.rank, r.name)):
-        p = r.paired
-        delta = "baseline" if p is None else _interval(p.mean_difference, p.ci)
-        pval = "" if p is None else f"{_fmt(p.p_value, 3)} (n={p.n})"
-        t = r.tuning
-        rows.append([
-            f"{r.rank:g}" + (" ★" if r.on_front else ""), r.name, r.label, _interval(r.mean, r.ci),
-            delta, pval, str(len(r.seeds)), _count(r.cost.get("params")),
-            _count(r.cost.get("tokens_per_s")), _count(r.cost.get("peak_memory")),
-            f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
-        ])
-    return "table", (header, rows)
-
-
-def length_table(handle: StudyHandle, results: list[CandidateResult], lengths: tuple[int, ...],
-                 train_length: int) -> Block:
-    header = ["candidate"] + [f"{n}" + (" (train)" if n == train_length else "") for n in lengths]
-    rows = [[r.name] + [_fmt(r.by_length.get(n)) for n in lengths] for r in results]
-    return "table", (header, rows)
-
-
-def render_markdown(blocks: list[Block]) -> str:
-    out = []
-    for kind, value in blocks:
-        if kind in ("h1", "h2"):
-            out.append(("# " if kind == "h1" else "## ") + value)
-        elif kind == "p":
-            out.append(value)
-        elif kind == "list":
-            out.append("\n".join(f"- {item}" for item in value))
-        elif kind == "img":
-            out.append(f"![{value[1]}]({value[0]})")
-        elif kind == "code":
-            out.append("```yaml\n" + value + "\n```")
-        elif kind == "table":
-            header, rows = value
-            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-            out.append("\n".join(lines))
-    return "\n\n".join(out) + "\n"
-
-
-def render_html(blocks: list[Block], title: str) -> str:
-    e = html.escape
-    body = []
-    for kind, value in blocks:
-        if kind in ("h1", "h2"):
-            body.append(f"<{kind}>{e(value)}</{kind}>")
-        elif kind == "p":
-            body.append(f"<p>{e(value)}</p>")
-        elif kind == "list":
-            body.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in value) + "</ul>")
-        elif kind == "img":
-            body.append(f'<figure><img src="{e(value[0])}" alt="{e(value[1])}">'
-                        f"<figcaption>{e(value[1])}</figcaption></figure>")
-        elif kind == "code":
-            body.append(f"<pre>{e(value)}</pre>")
-        elif kind == "table":
-            header, rows = value
-            head = "".join(f"<th>{e(h)}</th>" for h in header)
-            trs = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
-             "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;"
-             "padding:4px 8px;text-align:left}img{max-width:100%}figure{margin:1em 0}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
-
-
-# -- the report -----------------------------------------------------------------------------------
 def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_parent: bool = True) -> Path:
     """Write the report folder and log it to the parent run; returns the folder."""
     import yaml
@@ -546,4 +188,3 @@ def _finite(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_finite(v) for v in x]
     return x
-

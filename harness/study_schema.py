@@ -1,0 +1,216 @@
+"""The YAML schema of a study: its pydantic models, their defaults, parsing and loading.
+
+Owns what a study file may say and how a malformed one is reported (errors name the field,
+``candidates[2].model.name``). Nothing here knows the registry: checking names, ranges and
+pairings against the installed plugins is :mod:`harness.study_candidates` and
+:mod:`harness.study_space`. The fingerprint of a study (what a resumed study must not
+change) is computed from these models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.config import ComponentConfig, read_yaml
+from harness.errors import ConfigError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+#: Metrics whose direction is known; any other metric needs ``objective.direction``.
+MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
+MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
+#: Cost objectives: MLflow metric keys (first one present wins) and direction.
+COSTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tokens_per_s": (("cost/train_tokens_per_s",), "maximize"),
+    "peak_memory": (("cost/peak_gpu_mem_mb", "cost/peak_rss_mb"), "minimize"),
+    "params": (("cost/params",), "minimize"),
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchComponent(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict, description="fixed values")
+    search: dict[str, Any] = Field(default_factory=dict, description="ranges replacing the declared ones")
+    search_declared: bool = Field(True, description="also search the other declared ranges")
+
+
+class CandidateModel(SearchComponent):
+    attention: SearchComponent | None = None
+    position: SearchComponent | None = None
+    attention_roles: dict[str, ComponentConfig] = Field(
+        default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
+        description="per-role attention variants, fixed (their params are never searched)",
+    )
+
+
+class Candidate(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    model: CandidateModel
+
+
+class Objective(Strict):
+    metric: str = "acc"
+    direction: Literal["maximize", "minimize"] | None = None
+    length: int | None = Field(None, ge=1, description="evaluation length (default: training length)")
+
+    @model_validator(mode="after")
+    def _infer_direction(self) -> Objective:
+        if self.direction is None:
+            if self.metric in MINIMIZE:
+                self.direction = "minimize"
+            elif self.metric in MAXIMIZE:
+                self.direction = "maximize"
+            else:
+                raise ValueError(
+                    f"direction is required for metric '{self.metric}' (maximize or minimize)"
+                )
+        return self
+
+
+class CostObjective(Strict):
+    metric: Literal["tokens_per_s", "peak_memory", "params"]
+
+
+class Budget(Strict):
+    trials: int = Field(ge=1, description="tuning trials per candidate")
+    steps: int = Field(ge=1, description="optimizer steps of every run")
+    params: int | None = Field(None, ge=1, description="match candidates' widths to this parameter count")
+    time_per_run_s: float | None = Field(None, gt=0, description="wall-clock cap of every run")
+    time_total_s: float | None = Field(None, gt=0, description="a worker starts no run after this")
+
+
+class SamplerConfig(Strict):
+    name: Literal["tpe", "random", "nsgaii"] = "tpe"
+    seed: int | None = 0
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the sampler")
+
+
+class PrunerConfig(Strict):
+    name: Literal["none", "median", "hyperband"] = "median"
+    startup_trials: int = Field(2, ge=0, description="median: trials completed before pruning starts")
+    warmup_steps: int = Field(0, ge=0, description="median: no pruning before this step")
+    reduction_factor: int = Field(3, ge=2, description="hyperband")
+
+
+class ConfirmConfig(Strict):
+    seeds: int = Field(3, ge=1, description="fresh seeds per candidate's best configuration")
+    baseline: str | None = Field(None, description="candidate the others are tested against")
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
+class ResumeConfig(Strict):
+    heartbeat_s: int = Field(30, ge=1, description="a running trial records a heartbeat this often")
+    grace_s: int = Field(120, ge=1, description="a trial without heartbeat for this long is retried")
+    max_retry: int = Field(2, ge=0, description="retries of an interrupted trial")
+    poll_s: float = Field(2.0, gt=0, description="how often an idle worker checks for work")
+
+
+class StudyTracking(Strict):
+    experiment: str | None = None  # default: the study name
+
+
+class StudyConfig(Strict):
+    kind: Literal["study"] = "study"
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    description: str = ""
+    task: ComponentConfig
+    candidates: list[Candidate] = Field(min_length=1)
+    objective: Objective = Field(default_factory=Objective)
+    cost: CostObjective | None = None
+    train: dict[str, Any] = Field(default_factory=dict, description="fixed training settings")
+    search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
+    budget: Budget
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
+    resume: ResumeConfig = Field(default_factory=ResumeConfig)
+    tracking: StudyTracking = Field(default_factory=StudyTracking)
+    seed: int = Field(0, description="training seed of every tuning trial")
+    data_seed: int = Field(0, description="task data (the same for every run)")
+    plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
+
+    @model_validator(mode="after")
+    def _names(self) -> StudyConfig:
+        names = [c.name for c in self.candidates]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"candidate names must be unique; repeated: {', '.join(dup)}")
+        if self.confirm.baseline is not None and self.confirm.baseline not in names:
+            raise ValueError(
+                f"confirm.baseline '{self.confirm.baseline}' is not a candidate "
+                f"(candidates: {', '.join(names)})"
+            )
+        return self
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.cost is not None
+
+    @property
+    def baseline(self) -> str:
+        return self.confirm.baseline or self.candidates[0].name
+
+    def directions(self) -> list[str]:
+        dirs = [str(self.objective.direction)]
+        if self.cost is not None:
+            dirs.append(COSTS[self.cost.metric][1])
+        return dirs
+
+    def confirm_seeds(self) -> list[int]:
+        """Fresh seeds: never the tuning seed."""
+        return [self.seed + 1 + i for i in range(self.confirm.seeds)]
+
+    def protocol_dict(self) -> dict[str, Any]:
+        """What a resumed study must not change (everything but runtime settings)."""
+        return self.model_dump(mode="json", exclude={"resume": True, "plugins": True, "budget": {"time_total_s"}})
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.protocol_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- loading -----------------------------------------------------------------------------
+def format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
+    try:
+        return StudyConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors()[:5]:
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling; see studies/quickstart.yaml for the fields)"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            parts.append(f"{format_loc(tuple(err['loc']))}: {msg}")
+        more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
+        raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
+
+
+def load_study_config(path: str | Path, name: str | None = None) -> StudyConfig:
+    """Read a study YAML; the study's name defaults to the file's stem."""
+    data = read_yaml(path)
+    if data.get("kind", "study") != "study":
+        raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
+    base = Path(path).resolve().parent
+    data["plugins"] = [str((base / p).resolve()) for p in data.get("plugins") or []]
+    if name is not None:
+        data["name"] = name
+    data.setdefault("name", Path(path).stem)
+    return parse_study_config(data, str(path))
