@@ -196,6 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which
+        # would exit 0: report the termination the way a shell and a scheduler expect.
+        if type(exc).__name__ == "SIGTERMException":
+            print("harness: terminated (SIGTERM)", file=sys.stderr)
+            return 128 + 15
+        raise
 
 
 if __name__ == "__main__":

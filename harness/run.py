@@ -177,9 +177,8 @@ def train(
         metrics["cost/params"] = num_params
         status = "FINISHED"
     except BaseException as exc:
-        status = "KILLED" if _is_pruned(exc) or isinstance(exc, KeyboardInterrupt) else "FAILED"
-        reason = f"{type(exc).__name__}: {exc}"
-        tracker.set_tags(run_id, {PRUNED_TAG: "true"} if _is_pruned(exc) else {"harness.failure": reason})
+        status, tags = _ending(exc)
+        tracker.set_tags(run_id, tags)
         raise
     finally:
         tracker.end_run(run_id, status)
@@ -188,6 +187,21 @@ def train(
 
 def _is_pruned(exc: BaseException) -> bool:
     return type(exc).__name__ == "TrialPruned"
+
+
+def _ending(exc: BaseException) -> tuple[str, dict[str, str]]:
+    """MLflow status and tags of a run that ended with ``exc``.
+
+    Pruned: KILLED + ``harness.pruned``. Interrupted: KILLED + ``harness.interrupted``; this
+    covers Ctrl-C and SIGTERM, which Lightning turns into ``SystemExit`` (its
+    ``SIGTERMException`` is one) after shutting the trainer down. Anything else: FAILED with
+    the reason in ``harness.failure``.
+    """
+    if _is_pruned(exc):
+        return "KILLED", {PRUNED_TAG: "true"}
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return "KILLED", {"harness.interrupted": "true"}
+    return "FAILED", {"harness.failure": f"{type(exc).__name__}: {exc}"}
 
 
 def _fit_and_evaluate(

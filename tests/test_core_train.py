@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import copy
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 import harness
@@ -213,3 +219,42 @@ def test_create_model_and_task_api(registry):
     assert model(torch.randint(0, 9, (2, 6))).shape == (2, 6, 9)
     with pytest.raises(ConfigError, match="did you mean 'layers'"):
         harness.create_model("transformer", vocab_size=9, registry=registry, layer=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum):
+    """Ctrl-C, or a scheduler's SIGTERM, mid-training: the run ends KILLED, tagged."""
+    cfg = tiny(max_steps=100_000, val_every=50)
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "train", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # a shell's background jobs inherit SIGINT as ignored; a terminal's Ctrl-C does not
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.time() + 120
+        while not any(r.data.metrics.get("train/loss") is not None for r in _runs_if_any()):
+            assert proc.poll() is None and time.time() < deadline, "training never started"
+            time.sleep(0.5)
+        proc.send_signal(signum)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Ctrl-C: Lightning's graceful shutdown exits 1; SIGTERM: 128 + 15, as a shell reports it
+    assert proc.returncode == (1 if signum == signal.SIGINT else 143)
+    (run,) = all_runs()
+    assert run.info.status == "KILLED"
+    assert run.data.tags["harness.interrupted"] == "true"
+
+
+def _runs_if_any() -> list[Any]:
+    if not (Path(tracking.home()) / "mlflow.db").exists():
+        return []
+    try:
+        return all_runs()
+    except Exception:  # the store is being created by the child process
+        return []
