@@ -201,8 +201,10 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             log(f"{label} {exc}")
             return "PRUNED"
-        except KeyboardInterrupt:
-            _fail(handle, study, trial, key, tags, "interrupted (Ctrl-C)")
+        except (KeyboardInterrupt, SystemExit):
+            # Lightning turns Ctrl-C into SystemExit(1) and SIGTERM into SIGTERMException
+            # (a SystemExit) after its own shutdown: the trial is interrupted, not failed.
+            _fail(handle, study, trial, key, tags, "interrupted (Ctrl-C or SIGTERM)")
             retry = handle.storage.get_heartbeat_stale_trial_callback()
             if retry is not None:  # re-enqueue it like a trial whose worker died
                 retry(study, handle.storage.get_trial(trial_id))

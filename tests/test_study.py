@@ -403,3 +403,35 @@ def test_same_study_against_an_mlflow_server(tmp_path, mlflow_server):
     assert "report/summary.json" in {f.path for f in client.list_artifacts(parent.info.run_id, "report")}
     # status and report find the server from the study's record alone
     assert main(["study", "status", "served", "--storage", storage]) == 0
+
+
+@pytest.mark.slow
+def test_sigterm_mid_trial_requeues_at_once(tmp_path, harness_home):
+    """A scheduler's SIGTERM: the worker shuts down cleanly; its trial is failed and re-queued
+    immediately (no heartbeat wait), its run ends KILLED, and a new worker completes the study."""
+    path = tiny_study(tmp_path, "killed", budget={"trials": 2, "steps": 300},
+                      train={"batch_size": 8, "val_every": 50, "num_threads": 1},
+                      confirm={"seeds": 1})
+    storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
+    args = ["--storage", storage, "--tracking-uri", uri]
+    worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    try:
+        victim = _wait_for_a_training_trial(storage, worker)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=120) == 143
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert _state(storage, victim) == TrialState.FAIL  # at once, not after a stale heartbeat
+    requeued = [t for t in trials(storage, "killed", "tune", "mha")
+                if victim.number in t.system_attrs.get("retry_history", [])]
+    assert [t.state for t in requeued] == [TrialState.WAITING]
+    client = MlflowClient(uri)
+    run = client.get_run(victim.user_attrs["harness.mlflow_run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["harness.interrupted"] == "true"
+
+    assert main(["study", "run", str(path), *args]) == 0
+    tune = trials(storage, "killed", "tune", "mha")
+    assert sum(t.state == TrialState.COMPLETE for t in tune) == 2
