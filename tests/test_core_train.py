@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,16 +227,22 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     cfg = tiny(max_steps=100_000, val_every=50)
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "child.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "train", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
         # a shell's background jobs inherit SIGINT as ignored; a terminal's Ctrl-C does not
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.time() + 120
-        while not any(r.data.metrics.get("train/loss") is not None for r in _runs_if_any()):
-            assert proc.poll() is None and time.time() < deadline, "training never started"
+        # Touch the MLflow store only once the child has created it and its run (Lightning
+        # prints its first line after that): opening it during creation races the schema.
+        while "GPU available" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.2)
+        while not any(r.data.metrics.get("train/loss") is not None for r in all_runs()):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
             time.sleep(0.5)
         proc.send_signal(signum)
         proc.wait(timeout=60)
@@ -250,11 +255,3 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     assert run.info.status == "KILLED"
     assert run.data.tags["harness.interrupted"] == "true"
 
-
-def _runs_if_any() -> list[Any]:
-    if not (Path(tracking.home()) / "mlflow.db").exists():
-        return []
-    try:
-        return all_runs()
-    except Exception:  # the store is being created by the child process
-        return []

@@ -291,6 +291,9 @@ def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):
                       confirm={"seeds": 1})
     storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
     args = ["--storage", storage, "--tracking-uri", uri]
+    # create the study first, as for any set of workers: polling a storage whose schema the
+    # child is still creating would race it
+    assert main(["study", "create", str(path), *args]) == 0
     worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -414,6 +417,9 @@ def test_sigterm_mid_trial_requeues_at_once(tmp_path, harness_home):
                       confirm={"seeds": 1})
     storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
     args = ["--storage", storage, "--tracking-uri", uri]
+    # create the study first, as for any set of workers: polling a storage whose schema the
+    # child is still creating would race it
+    assert main(["study", "create", str(path), *args]) == 0
     worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
