@@ -286,17 +286,8 @@ def test_multi_objective_study_and_an_infeasible_trial(tmp_path, capsys):
 # -- a worker killed mid-trial -----------------------------------------------------------------
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):
-    path = tiny_study(tmp_path, "killed", budget={"trials": 2, "steps": 300},
-                      train={"batch_size": 8, "val_every": 50, "num_threads": 1},
-                      confirm={"seeds": 1})
-    storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
-    args = ["--storage", storage, "--tracking-uri", uri]
-    # create the study first, as for any set of workers: polling a storage whose schema the
-    # child is still creating would race it
-    assert main(["study", "create", str(path), *args]) == 0
-    worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    path, storage, uri, args = _killable_study(tmp_path)
+    worker = _start_worker(path, args)
     try:
         victim = _wait_for_a_training_trial(storage, worker)  # fit started: 300 steps to go
     finally:
@@ -324,6 +315,25 @@ def test_sigkill_mid_trial_then_resume(tmp_path, harness_home):
     exp = client.get_run(parent).info.experiment_id
     assert not list(client.search_runs([exp], "attributes.status = 'RUNNING'"))
     assert len(children(client, parent)) == 4  # 3 tuning attempts + 1 confirmation
+
+
+def _killable_study(tmp_path: Path) -> tuple[Path, str, str, list[str]]:
+    """A study whose trials train long enough (300 steps) to be killed mid-fit. It is
+    created here first, as for any set of workers: polling a storage whose schema a child
+    process is still creating would race it."""
+    path = tiny_study(tmp_path, "killed", budget={"trials": 2, "steps": 300},
+                      train={"batch_size": 8, "val_every": 50, "num_threads": 1},
+                      confirm={"seeds": 1})
+    storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
+    args = ["--storage", storage, "--tracking-uri", uri]
+    assert main(["study", "create", str(path), *args]) == 0
+    return path, storage, uri, args
+
+
+def _start_worker(path: Path, args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
 
 
 def _wait_for_a_training_trial(storage: str, worker: subprocess.Popen) -> Any:
@@ -412,17 +422,8 @@ def test_same_study_against_an_mlflow_server(tmp_path, mlflow_server):
 def test_sigterm_mid_trial_requeues_at_once(tmp_path, harness_home):
     """A scheduler's SIGTERM: the worker shuts down cleanly; its trial is failed and re-queued
     immediately (no heartbeat wait), its run ends KILLED, and a new worker completes the study."""
-    path = tiny_study(tmp_path, "killed", budget={"trials": 2, "steps": 300},
-                      train={"batch_size": 8, "val_every": 50, "num_threads": 1},
-                      confirm={"seeds": 1})
-    storage, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
-    args = ["--storage", storage, "--tracking-uri", uri]
-    # create the study first, as for any set of workers: polling a storage whose schema the
-    # child is still creating would race it
-    assert main(["study", "create", str(path), *args]) == 0
-    worker = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), *args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    path, storage, uri, args = _killable_study(tmp_path)
+    worker = _start_worker(path, args)
     try:
         victim = _wait_for_a_training_trial(storage, worker)
         worker.send_signal(signal.SIGTERM)
