@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from servers import free_port, wait_until_healthy
 
 from harness.cli import main
 
@@ -96,11 +95,6 @@ def test_train_from_flags_end_to_end(tmp_path):
     assert "FINISHED" in out.stdout and "val/acc" in out.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.mark.slow
 def test_ui_serves_the_project_store_on_loopback(registry, harness_home):
@@ -109,20 +103,12 @@ def test_ui_serves_the_project_store_on_loopback(registry, harness_home):
     cfg = json.loads(json.dumps(BASE))
     cfg["tracking"] = {"experiment": "ui-check"}
     result = harness.train(cfg, registry=registry)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "ui", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError("mlflow server did not start") from None
-                time.sleep(0.5)
+        wait_until_healthy(base, proc)
         req = urllib.request.Request(base + f"/api/2.0/mlflow/runs/get?run_id={result.run_id}")
         run = json.load(urllib.request.urlopen(req, timeout=10))["run"]
         assert run["info"]["status"] == "FINISHED"

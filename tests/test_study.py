@@ -10,11 +10,9 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
+from servers import free_port, wait_until_healthy
 
 from harness.cli import main
 
@@ -355,11 +354,6 @@ def _state(storage: str, trial: Any) -> TrialState:
 
 
 # -- a real mlflow server ---------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def mlflow_server(tmp_path):
@@ -374,16 +368,7 @@ def mlflow_server(tmp_path):
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError("mlflow server did not start: "
-                                         + (tmp_path / "server.log").read_text()[-2000:]) from None
-                time.sleep(0.5)
+        wait_until_healthy(url, proc, log=tmp_path / "server.log")
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

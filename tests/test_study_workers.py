@@ -11,7 +11,6 @@ import copy
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
+from servers import free_port
 
 from harness.cli import main
 
@@ -47,12 +47,6 @@ STUDY = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def postgres_url():
     """A throwaway PostgreSQL server on 127.0.0.1 (trust auth, socket in its own folder)."""
@@ -71,7 +65,7 @@ def postgres_url():
     if os.geteuid() == 0:  # initdb refuses to run as root
         shutil.chown(root, "postgres")
         as_postgres = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
+    data, port = root / "data", free_port()
     subprocess.run([*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust",
                     "-U", "postgres"], check=True, capture_output=True)
     ctl = [*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data)]
