@@ -34,8 +34,8 @@ def _tracking_args(p: argparse.ArgumentParser) -> None:
 
 # -- list ------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
+    from harness.loader import load
     from harness.params import declared_params
-    from harness.plugins import load
     from harness.registry import KINDS
 
     registry = load(args.plugin)
@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, overrides)
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
 
-    from harness.run import train
+    from harness.run.pipeline import train
 
     result = train(cfg)
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
-EXTENSION_MODULES = ("harness.study_cli", "harness.bench_cli")
+EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 A run config names a task, a model (with its attention and position scheme) and the
 training settings; plugin hyper-parameters live in ``params`` blocks and are validated
-against the plugin's declared dataclass when the run is built (``harness.build``)::
+against the plugin's declared dataclass when the run is built (``harness.run.plan``)::
 
     task: {name: copy, params: {length: 16}}
     model:
@@ -59,7 +59,7 @@ class TrainConfig(Strict):
     scheduled_sampling: float = Field(
         0.0, ge=0, le=1,
         description="probability of feeding the model its own argmax prediction instead of the "
-                    "gold previous target token (seq2seq and lm formats; see harness.system)",
+                    "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
     max_time_s: float | None = Field(None, gt=0, description="wall-clock cap for fitting")
     accelerator: str = "auto"

@@ -7,7 +7,7 @@ calls it once per component it provides, passing a spec object. The host stamps 
 with the plugin's name, distribution and version, so listings and MLflow runs can say
 where each component came from.
 
-Hooks are called once, when a plugin manager is built (``harness.plugins.load``). They must
+Hooks are called once, when a plugin manager is built (``harness.loader.load``). They must
 be cheap: import torch and other heavy libraries inside the ``build`` functions of your
 specs, never at module level, so ``harness list`` and ``harness --help`` stay fast.
 """
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from harness.registry import AttentionSpec, ModelSpec, PositionSpec, TaskSpec
 
 hookspec = pluggy.HookspecMarker("harness")
+#: The marker of hook implementations (``@hookimpl def harness_register_attention(register)``).
+hookimpl = pluggy.HookimplMarker("harness")
 
 
 @hookspec

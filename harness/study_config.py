@@ -28,15 +28,15 @@ config); those are fixed choices with fixed params: never searched.
 
 The code is in three modules, re-exported here (the public entry point)::
 
-    harness.study_schema      the YAML schema (pydantic models), parsing and loading a study file
-    harness.study_candidates  a candidate's search space: components, ranges, widths to match
-    harness.study_space       validation against the registry, trial -> run config, parameter
+    harness.study.schema      the YAML schema (pydantic models), parsing and loading a study file
+    harness.study.candidates  a candidate's search space: components, ranges, widths to match
+    harness.study.space       validation against the registry, trial -> run config, parameter
                               matching, the study's plugin registry
 """
 
 from __future__ import annotations
 
-from harness.study_candidates import (
+from harness.study.candidates import (
     CandidateSpace,
     ComponentSpace,
     candidate_space,
@@ -44,7 +44,7 @@ from harness.study_candidates import (
     parse_range,
     range_values,
 )
-from harness.study_schema import (
+from harness.study.schema import (
     COSTS,
     MAXIMIZE,
     MINIMIZE,
@@ -66,7 +66,7 @@ from harness.study_schema import (
     load_study_config,
     parse_study_config,
 )
-from harness.study_space import (
+from harness.study.space import (
     TRAIN_PROTOCOL,
     TRAIN_SEARCHABLE,
     StudySpace,
@@ -75,14 +75,14 @@ from harness.study_space import (
 )
 
 __all__ = [
-    # harness.study_schema
+    # harness.study.schema
     "COSTS", "MAXIMIZE", "MINIMIZE", "NAME_PATTERN", "Budget", "Candidate", "CandidateModel",
     "ConfirmConfig", "CostObjective", "Objective", "PrunerConfig", "ResumeConfig",
     "SamplerConfig", "SearchComponent", "Strict", "StudyConfig", "StudyTracking", "format_loc",
     "load_study_config", "parse_study_config",
-    # harness.study_candidates
+    # harness.study.candidates
     "CandidateSpace", "ComponentSpace", "candidate_space", "component_space", "parse_range",
     "range_values",
-    # harness.study_space
+    # harness.study.space
     "TRAIN_PROTOCOL", "TRAIN_SEARCHABLE", "StudySpace", "load_registry", "validate",
 ]

@@ -15,11 +15,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import plugins, tracking
-from harness.build import plan
+from harness import loader, tracking
 from harness.config import parse_run_config
 from harness.errors import ConfigError, IncompatibleError
 from harness.registry import AttentionSpec, ModelSpec, PositionSpec
+from harness.run.plan import plan
 
 TINY: dict[str, Any] = {
     "task": {"name": "copy", "params": {"length": 5, "vocab": 4, "num_train": 256, "num_val": 64,
@@ -136,7 +136,7 @@ def _nan_model_plugin() -> Any:
 
 @pytest.mark.slow
 def test_diverging_run_ends_failed_with_reason():
-    reg = plugins.load(plugins=[_nan_model_plugin()])
+    reg = loader.load(plugins=[_nan_model_plugin()])
     cfg = tiny()
     cfg["model"] = {"name": "nan_model"}
     with pytest.raises(RuntimeError, match="training loss became nan"):
@@ -175,7 +175,7 @@ def test_incompatible_pairing_is_rejected_before_training_with_the_reason(regist
             register(PositionSpec(name="bias_only", build=lambda c, **kw: None,
                                   hooks=frozenset({"bias"})))
 
-    reg = plugins.load(plugins=[Plugin()])
+    reg = loader.load(plugins=[Plugin()])
     cfg = tiny()
     cfg["model"]["attention"] = {"name": "no_bias_attn"}
     cfg["model"]["position"] = {"name": "bias_only"}
@@ -190,14 +190,14 @@ def test_model_without_the_task_kind_is_rejected(registry):
     cfg["model"]["params"]["causal"] = False
     p = plan(parse_run_config(cfg), registry)
     assert p.fmt == "lm"  # copy is seq2seq; the decoder-only transformer gets src SEP tgt
-    reg = plugins.load(plugins=[_nan_model_plugin()])
+    reg = loader.load(plugins=[_nan_model_plugin()])
 
     class Classify:
         @harness.hookimpl
         def harness_register_task(self, register):
             register(harness.TaskSpec(name="cls", build=lambda c, seed: None, task_kind="classification"))
 
-    reg = plugins.load(plugins=[_nan_model_plugin(), Classify()])
+    reg = loader.load(plugins=[_nan_model_plugin(), Classify()])
     cfg = tiny()
     cfg["task"] = {"name": "cls"}
     cfg["model"] = {"name": "nan_model"}

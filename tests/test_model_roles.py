@@ -16,11 +16,12 @@ from mlflow.tracking import MlflowClient
 
 import harness
 from harness import tracking
-from harness.build import build_model, plan
 from harness.config import parse_run_config
 from harness.data import TaskInfo
 from harness.errors import ConfigError, IncompatibleError
-from harness.study_config import parse_study_config, validate
+from harness.run.plan import build_model, plan
+from harness.study.schema import parse_study_config
+from harness.study.space import validate
 
 VOCAB = 12
 MIXED = {"encoder": {"name": "linear"}, "cross": {"name": "additive"}}
@@ -82,8 +83,8 @@ def test_create_model_takes_names_or_name_and_params(registry):
 
 
 def test_the_attention_factory_keeps_its_two_argument_call_and_rejects_undeclared_roles(registry):
-    from harness.build import Component, attention_factory
     from harness.errors import PluginError
+    from harness.run.plan import Component, attention_factory
 
     model = Component(registry.get("model", "transformer"), None)
     shared = Component(registry.get("attention", "multi_head"),

@@ -244,7 +244,7 @@ def test_encoder_decoder_runs_every_attention_and_position(registry):
     """Each registered attention variant serves encoder self-, decoder self- and
     cross-attention; each position scheme drives both stacks. Cached decoding must
     reproduce the full pass in every pairing the plugins accept."""
-    from harness.build import check_pairing
+    from harness.run.plan import check_pairing
 
     src, tgt = tokens(2, 7), tokens(2, 6)
     mask = torch.zeros_like(src, dtype=torch.bool)

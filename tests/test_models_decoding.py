@@ -16,7 +16,7 @@ import torch
 import harness
 from harness.data import BOS, EOS, PAD, SEP, as_lm, collate
 from harness.decoding import beam_search, edit_distance, greedy
-from harness.system import scheduled_sampling
+from harness.run.system import scheduled_sampling
 
 VOCAB = 6  # four specials and two symbols: small enough to enumerate every output
 MAX_LEN = 3

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import harness
-from harness.build import check_pairing
 from harness.errors import IncompatibleError
 from harness.params import FloatRange
 from harness.registry import PositionSpec
+from harness.run.plan import check_pairing
 
 VOCAB, LENGTH = 12, 8
 TINY = {"d_model": 16, "layers": 1, "heads": 2, "ffn_mult": 2}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import math
 
-from harness.report import _finite, _fmt, _interval, render_html, render_markdown
+from harness.report.render import _fmt, _interval, render_html, render_markdown
+from harness.report.write import _finite
 
 BLOCKS = [
     ("h1", "Study <x>"),

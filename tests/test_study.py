@@ -229,8 +229,8 @@ def test_trial_callback_reports_at_optimizer_steps(registry):
     step 0 (the epoch) and Optuna keeps only the first."""
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from harness.run import train
-    from harness.study import trial_callback
+    from harness.run.pipeline import train
+    from harness.study.worker import trial_callback
 
     model = CANDIDATE["model"]
     task = copy.deepcopy(TINY["task"])

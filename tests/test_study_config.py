@@ -19,7 +19,8 @@ from harness.cli import main
 from harness.config import parse_run_config
 from harness.errors import ConfigError
 from harness.params import Choice, FloatRange, IntRange
-from harness.study_config import load_study_config, parse_study_config, validate
+from harness.study.schema import load_study_config, parse_study_config
+from harness.study.space import validate
 
 BASE: dict[str, Any] = {
     "name": "cfg",

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import harness
-from harness import plugins
+from harness import loader
 from harness.data import PAD, Task, TaskConfig, Vocab, collate
 
 SYMBOLS, LENGTH = 6, 8
@@ -88,7 +88,7 @@ CONFIG: dict[str, Any] = {
 
 @pytest.mark.slow
 def test_bidirectional_tagger_learns_what_a_causal_one_cannot():
-    reg = plugins.load(plugins=[Plugin()])
+    reg = loader.load(plugins=[Plugin()])
     bidirectional = harness.train(copy.deepcopy(CONFIG), registry=reg)
     causal_cfg = copy.deepcopy(CONFIG)
     causal_cfg["model"]["params"]["causal"] = True

@@ -1,6 +1,6 @@
 """Attention benchmark: forward + backward throughput and peak memory of every variant.
 
-Each (variant, length) is measured in a fresh subprocess (``python -m harness.bench``), so
+Each (variant, length) is measured in a fresh subprocess (``python -m harness.bench.attention``), so
 one measurement's allocations, caches and crashes (out of memory) cannot leak into the
 next, next to two PyTorch baselines measured the same way in the same run:
 
@@ -105,7 +105,7 @@ def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
             return out(y.transpose(1, 2).reshape(b, n, d))
 
         return torch.nn.ModuleList([qkv, out]), run_sdpa
-    from harness.plugins import load
+    from harness.loader import load
 
     spec = load(job["plugins"]).get("attention", job["variant"])
     layer = spec.build(spec.config(), d_model=d, num_heads=h)
@@ -163,7 +163,7 @@ def run_one(settings: Settings, variant: str, length: int) -> Measurement:
     job = {**asdict(settings), "variant": variant, "length": length}
     env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(settings.threads),
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    cmd = [sys.executable, "-m", "harness.bench", json.dumps(job)]
+    cmd = [sys.executable, "-m", "harness.bench.attention", json.dumps(job)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=settings.timeout_s)
     except subprocess.TimeoutExpired:
@@ -303,7 +303,7 @@ def markdown(settings: Settings, results: list[Measurement], machine_line: str, 
 
 
 def main() -> None:
-    """Worker entry point: ``python -m harness.bench '<job json>'`` prints one JSON line."""
+    """Worker entry point: ``python -m harness.bench.attention '<job json>'`` prints one JSON line."""
     print(json.dumps(measure(json.loads(sys.argv[1]))))
 
 

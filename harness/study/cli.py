@@ -36,15 +36,17 @@ def _quiet(workers: bool = False) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load and validate the study file (before anything is created), open the storage and
     create or resume the study."""
-    from harness import study, study_config
+    from harness.study.schema import load_study_config
+    from harness.study.space import load_registry, validate
+    from harness.study.storage import create_or_resume, default_storage_url, open_storage
 
-    cfg = study_config.load_study_config(args.file, args.study_name)
-    space = study_config.validate(cfg, study_config.load_registry(cfg))
+    cfg = load_study_config(args.file, args.study_name)
+    space = validate(cfg, load_registry(cfg))
     _quiet(workers=True)
-    url = args.storage or study.default_storage_url()
+    url = args.storage or default_storage_url()
     r = cfg.resume
-    storage = study.open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
-    return study.create_or_resume(space, storage, url, args.tracking_uri), space
+    storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
+    return create_or_resume(space, storage, url, args.tracking_uri), space
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
@@ -55,22 +57,23 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
-    from harness import study
+    from harness.study.progress import describe, progress
+    from harness.study.worker import run_worker
 
     handle, space = _prepare(args)
     for note in handle.record.get("notes", []):
         print(f"note: {note}")
     print(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at {handle.tracker.uri}",
           flush=True)
-    summary = study.run_worker(handle, space, log=lambda line: print(line, flush=True))
+    summary = run_worker(handle, space, log=lambda line: print(line, flush=True))
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
-    print(study.describe(handle, study.progress(handle)))
+    print(describe(handle, progress(handle)))
     storage = f" --storage {args.storage}" if args.storage else ""
     if summary.complete and args.report:
-        from harness import report
+        from harness.report.write import write_report
 
-        out = report.write_report(handle, args.out)
+        out = write_report(handle, args.out)
         print(f"report: {out / 'results.md'} (also logged to the parent run)")
     elif summary.complete:
         print(f"write the report with `harness report {handle.name}{storage}`; browse with `harness ui`")
@@ -78,32 +81,32 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from harness import study
+    from harness.study.storage import default_storage_url, open_storage, open_study
 
     _quiet()
-    url = args.storage or study.default_storage_url()
-    storage = study.open_storage(url, must_exist=True)
-    return study.open_study(args.study, storage, url, args.tracking_uri)
+    url = args.storage or default_storage_url()
+    storage = open_storage(url, must_exist=True)
+    return open_study(args.study, storage, url, args.tracking_uri)
 
 
 def cmd_study_status(args: argparse.Namespace) -> int:
-    from harness import study
+    from harness.study.progress import describe, progress, reconcile, settle_parent
 
     handle = _open(args)
-    ended = study.reconcile(handle)
-    prog = study.progress(handle)
-    study.settle_parent(handle, prog)
-    print(study.describe(handle, prog))
+    ended = reconcile(handle)
+    prog = progress(handle)
+    settle_parent(handle, prog)
+    print(describe(handle, prog))
     if ended:
         print(f"  ended {len(ended)} orphaned MLflow run(s) of interrupted trials as KILLED")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness import report
+    from harness.report.write import write_report
 
     handle = _open(args)
-    out = report.write_report(handle, args.out)
+    out = write_report(handle, args.out)
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
     for name in ("results.md", "results.html", "summary.json"):
         print(f"  {out / name}")

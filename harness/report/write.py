@@ -1,27 +1,6 @@
-"""``harness report STUDY``: what a study found, in a form people can read and check.
-
-Everything is read back from the two stores — the Optuna storage (slots, values, best
-configurations) and MLflow (metrics, curves, attention maps of each run) — so a report can
-be rebuilt at any time, by anyone who can reach them. One folder (default
-``$HARNESS_HOME/reports/<study>/``), also logged to the study's parent MLflow run under
-``report/``:
-
-* ``results.md`` / ``results.html``: the ranked table (mean and 95% bootstrap interval over
-  the confirmation seeds, the paired test against the baseline, parameters and cost next to
-  quality), the evaluation-length table ("n/a" where a model cannot run), the best
-  configuration of each candidate, and every figure;
-* ``summary.json``: the same numbers for programs;
-* ``learning_curves.png``, ``extrapolation.png``, ``front.png`` (quality versus cost);
-* ``optuna/<candidate>_history.png`` and ``_importance.png`` (Optuna's own plots);
-* ``attention/``: attention maps of the best attention-based model on a few examples.
-
-This module assembles the report (blocks, files, ``summary.json``) from three others, re-exported
-here (the public entry point)::
-
-    harness.report_collect  the numbers, read back from Optuna and MLflow, and their statistics
-    harness.report_figures  the figures (matplotlib, Optuna's plots, attention maps)
-    harness.report_render   blocks as Markdown and HTML, the tables, number formatting
-"""
+"""Assemble a study's report folder (``results.md``, ``results.html``, ``summary.json``, the
+figures) from :mod:`.collect`, :mod:`.figures` and :mod:`.render`, and log it to the study's
+parent MLflow run."""
 
 from __future__ import annotations
 
@@ -32,42 +11,29 @@ from pathlib import Path
 from typing import Any
 
 from harness import tracking
-from harness.report_collect import (
+from harness.report.collect import (
     N_RESAMPLES,
     CandidateResult,
-    SeedRun,
     collect,
     front_cost,
 )
-from harness.report_figures import (
+from harness.report.figures import (
     attention_maps,
     extrapolation,
     front,
     learning_curves,
     optuna_plots,
 )
-from harness.report_render import (
+from harness.report.render import (
     Block,
-    _count,
     _fmt,
-    _interval,
     length_table,
     ranked_table,
     render_html,
     render_markdown,
 )
-from harness.study import StudyHandle, progress, reconcile, settle_parent
-
-__all__ = [
-    "write_report",
-    # harness.report_collect
-    "N_RESAMPLES", "CandidateResult", "SeedRun", "collect", "front_cost",
-    # harness.report_figures
-    "attention_maps", "extrapolation", "front", "learning_curves", "optuna_plots",
-    # harness.report_render
-    "Block", "length_table", "ranked_table", "render_html", "render_markdown",
-    "_count", "_finite", "_fmt", "_interval",
-]
+from harness.study.progress import progress, reconcile, settle_parent
+from harness.study.storage import StudyHandle
 
 
 def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_parent: bool = True) -> Path:

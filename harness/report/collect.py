@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import stats
-from harness.study import CONFIG_ATTR, SEED_ATTR, StudyHandle, best_trial, phase_progress
-from harness.study_config import COSTS
+from harness.study.progress import best_trial, phase_progress
+from harness.study.schema import COSTS
+from harness.study.storage import CONFIG_ATTR, SEED_ATTR, StudyHandle
 
 N_RESAMPLES = 10_000
 
@@ -86,7 +87,7 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
     """Per candidate: tuning summary, best configuration, confirmation runs and statistics."""
     from optuna.trial import TrialState
 
-    from harness.system import metric_key
+    from harness.run.system import metric_key
 
     cfg = handle.config
     children = _children(handle)

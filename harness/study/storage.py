@@ -22,7 +22,8 @@ from typing import Any
 
 from harness import tracking
 from harness.errors import ConfigError, HarnessError
-from harness.study_config import StudyConfig, StudySpace, parse_study_config
+from harness.study.schema import StudyConfig, parse_study_config
+from harness.study.space import StudySpace
 
 RECORD_ATTR = "harness.record"
 SLOT_ATTR = "harness.slot"

@@ -2,8 +2,8 @@
 
 Owns what a study file may say and how a malformed one is reported (errors name the field,
 ``candidates[2].model.name``). Nothing here knows the registry: checking names, ranges and
-pairings against the installed plugins is :mod:`harness.study_candidates` and
-:mod:`harness.study_space`. The fingerprint of a study (what a resumed study must not
+pairings against the installed plugins is :mod:`harness.study.candidates` and
+:mod:`harness.study.space`. The fingerprint of a study (what a resumed study must not
 change) is computed from these models.
 """
 

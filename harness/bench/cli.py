@@ -1,4 +1,4 @@
-"""``harness bench attention``: the command line of :mod:`harness.bench`.
+"""``harness bench attention``: the command line of :mod:`harness.bench.attention`.
 
 Only argparse at import time (``harness --help`` stays fast); the handler imports torch.
 """
@@ -20,8 +20,8 @@ from harness.errors import HarnessError
 def cmd_bench_attention(args: argparse.Namespace) -> int:
     import torch
 
-    from harness import bench
-    from harness.plugins import load
+    from harness.bench import attention as bench
+    from harness.loader import load
 
     device = args.device
     if device == "auto":

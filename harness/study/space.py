@@ -23,14 +23,14 @@ from harness.config import TrainConfig
 from harness.errors import ConfigError, HarnessError, PluginError
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry import Registry
-from harness.study_candidates import (
+from harness.study.candidates import (
     CandidateSpace,
     ComponentSpace,
     candidate_space,
     parse_range,
     range_values,
 )
-from harness.study_schema import StudyConfig, format_loc
+from harness.study.schema import StudyConfig, format_loc
 
 #: Training settings a study may search, with their type.
 TRAIN_SEARCHABLE: dict[str, type] = {
@@ -46,9 +46,9 @@ TRAIN_PROTOCOL = {
 
 def load_registry(config: StudyConfig) -> Registry:
     """Every installed plugin plus the study's local plugin files (which must load)."""
-    from harness import plugins
+    from harness import loader
 
-    registry = plugins.load(config.plugins)
+    registry = loader.load(config.plugins)
     local = {Path(p).stem for p in config.plugins}
     broken = [f for f in registry.failures if f.plugin in local]
     if broken:
@@ -177,8 +177,8 @@ class StudySpace:
 
     def count_params(self, run: dict[str, Any]) -> int | None:
         """The parameter count of the model a run config builds; None if it is invalid."""
-        from harness.build import build_model, plan, task_info
         from harness.config import parse_run_config
+        from harness.run.plan import build_model, plan, task_info
 
         try:
             p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)
@@ -237,8 +237,8 @@ def _first(rng: Range) -> Any:
 def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
     """Resolve the candidate's base configuration (names, pairing, task compatibility); with
     parameter matching, any one width that makes it valid will do."""
-    from harness.build import plan
     from harness.config import parse_run_config
+    from harness.run.plan import plan
 
     first_error = None
     widths: list[int | None] = list(cand.widths) or [None]

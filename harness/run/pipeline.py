@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import tracking
-from harness.build import Plan, build_model, build_task, count_parameters, plan, task_info
 from harness.config import RunConfig, load_run_config, parse_run_config
 from harness.data import collate, input_length, run_model
 from harness.errors import PluginError
 from harness.memory import PeakMemory
 from harness.registry import Registry
+from harness.run.plan import Plan, build_model, build_task, count_parameters, plan, task_info
 
 PRUNED_TAG = "harness.pruned"
 
@@ -40,11 +40,11 @@ class RunResult:
 
 
 def load_registry(config: RunConfig, registry: Registry | None) -> Registry:
-    from harness import plugins
+    from harness import loader
 
     if registry is not None and not config.plugins:
         return registry
-    reg = plugins.load(config.plugins)
+    reg = loader.load(config.plugins)
     local = {Path(p).resolve().stem for p in config.plugins}
     broken = [f for f in reg.failures if f.plugin in local]
     if broken:
@@ -211,7 +211,7 @@ def _fit_and_evaluate(
     import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from harness.system import HarnessDataModule, HarnessSystem
+    from harness.run.system import HarnessDataModule, HarnessSystem
 
     t = cfg.train
     dm = HarnessDataModule(task, p.fmt, t.batch_size, t.seed)
@@ -265,7 +265,7 @@ def _fit_and_evaluate(
 def _log_figures(p: Plan, task: Any, system: Any, cfg: RunConfig, tracker: tracking.Tracker,
                  run_id: str, lengths: list[int]) -> None:
     from harness import plots
-    from harness.system import metric_key
+    from harness.run.system import metric_key
 
     with tempfile.TemporaryDirectory() as tmp:
         metric = "acc"

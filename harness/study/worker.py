@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError
-from harness.study_config import COSTS, CandidateSpace, StudyConfig, StudySpace
-from harness.study_progress import (
+from harness.study.candidates import CandidateSpace
+from harness.study.progress import (
     StudyProgress,
     best_trial,
     fail_stale,
@@ -28,7 +28,9 @@ from harness.study_progress import (
     reconcile,
     settle_parent,
 )
-from harness.study_storage import (
+from harness.study.schema import COSTS, StudyConfig
+from harness.study.space import StudySpace
+from harness.study.storage import (
     CONFIG_ATTR,
     FAILURE_ATTR,
     RUN_ATTR,
@@ -130,7 +132,7 @@ def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_s
 
 
 def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
-    from harness.system import metric_key
+    from harness.run.system import metric_key
 
     key = metric_key(config.objective.metric, space.objective_length)
     if key not in result.metrics:
@@ -162,7 +164,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
     import optuna
     from optuna.trial import TrialState
 
-    from harness.run import train
+    from harness.run.pipeline import train
 
     cfg = handle.config
     number = job.trial.number

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.study_config import StudyConfig
-from harness.study_storage import (
+from harness.study.schema import StudyConfig
+from harness.study.storage import (
     INTERRUPTED_TAG,
     PHASES,
     SEED_ATTR,

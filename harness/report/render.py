@@ -12,8 +12,8 @@ import html
 import math
 from typing import Any
 
-from harness.report_collect import CandidateResult
-from harness.study import StudyHandle
+from harness.report.collect import CandidateResult
+from harness.study.storage import StudyHandle
 
 Block = tuple[str, Any]
 

@@ -27,7 +27,7 @@ from harness.params import (
     unknown_params_error,
 )
 from harness.registry import Registry
-from harness.study_schema import Candidate, SearchComponent
+from harness.study.schema import Candidate, SearchComponent
 
 
 @dataclass

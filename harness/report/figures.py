@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.plots import extrapolation_curve, pyplot, save_figure
-from harness.report_collect import CandidateResult, front_cost
-from harness.study import StudyHandle
+from harness.report.collect import CandidateResult, front_cost
+from harness.study.storage import StudyHandle
 
 
 def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
