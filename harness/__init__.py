@@ -54,7 +54,7 @@ def create_model(
     *,
     vocab_size: int,
     max_length: int = 512,
-    task_kind: str = "lm",
+    batch_format: str = "lm",
     num_classes: int | None = None,
     attention: str | None = None,
     position: str | None = None,
@@ -66,7 +66,7 @@ def create_model(
 ) -> Any:
     """Build a model (a plain ``nn.Module``) by name, with its attention and position scheme.
 
-    ``task_kind`` is the batch format the model will receive (``lm``, ``seq2seq`` or
+    ``batch_format`` is the batch format the model will receive (``lm``, ``seq2seq`` or
     ``classification``); ``max_length`` the longest input it will see in training.
     ``attention_roles`` gives roles the model declares their own variant, by name or as
     ``{"name": ..., "params": {...}}``: ``attention_roles={"cross": "additive"}``.
@@ -92,7 +92,7 @@ def create_model(
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "create_model arguments")) from None
     model, att, pos, att_roles = resolve_model(registry or load_plugins(), cfg)
-    info = TaskInfo(kind=task_kind, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
+    info = TaskInfo(format=batch_format, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
     return build_model_from(model, att, pos, info, att_roles)
 
 

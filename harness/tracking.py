@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.keys import Tag
 
 ENV_HOME = "HARNESS_HOME"
 MAX_PARAM_LEN = 6000
@@ -106,7 +107,7 @@ class Tracker:
     ) -> str:
         all_tags = dict(tags or {})
         if parent_run_id:
-            all_tags["mlflow.parentRunId"] = parent_run_id
+            all_tags[Tag.PARENT_RUN] = parent_run_id
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=all_tags)
         return str(run.info.run_id)
 

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 import harness
 from harness import loader, tracking
 from harness.config import parse_run_config
+from harness.data import LM
 from harness.errors import ConfigError, IncompatibleError
 from harness.registry import AttentionSpec, ModelSpec, PositionSpec
 from harness.run.plan import plan
@@ -189,7 +190,7 @@ def test_model_without_the_task_kind_is_rejected(registry):
     cfg = tiny()
     cfg["model"]["params"]["causal"] = False
     p = plan(parse_run_config(cfg), registry)
-    assert p.fmt == "lm"  # copy is seq2seq; the decoder-only transformer gets src SEP tgt
+    assert p.fmt is LM  # copy is seq2seq; the decoder-only transformer gets src SEP tgt
     reg = loader.load(plugins=[_nan_model_plugin()])
 
     class Classify:

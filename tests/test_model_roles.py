@@ -52,7 +52,7 @@ def variant(registry, name: str) -> type:
 def mixed_model(registry, **roles: Any) -> Any:
     torch.manual_seed(0)
     return harness.create_model("encoder_decoder", vocab_size=VOCAB, max_length=8,
-                                task_kind="seq2seq", attention="multi_head", position="rope",
+                                batch_format="seq2seq", attention="multi_head", position="rope",
                                 attention_roles=roles or MIXED, registry=registry,
                                 d_model=16, heads=2).eval()
 
@@ -65,7 +65,7 @@ def test_encoder_decoder_declares_its_roles(registry):
 def test_each_role_gets_its_own_variant(registry):
     p = plan(parse_run_config(run_config()), registry)
     assert {r: c.name for r, c in p.attention_roles.items()} == {"encoder": "linear", "cross": "additive"}
-    model = build_model(p, TaskInfo(kind="seq2seq", vocab_size=VOCAB, max_length=8))
+    model = build_model(p, TaskInfo(format="seq2seq", vocab_size=VOCAB, max_length=8))
     linear, additive, shared = (variant(registry, n) for n in ("linear", "additive", "multi_head"))
     assert len({linear, additive, shared}) == 3
     assert all(type(layer.self_attn) is linear for layer in model.encoder)

@@ -37,7 +37,7 @@ SEQ2SEQ = {
 def lm_model(registry, name: str, kind: str = "lm", max_length: int = 10, **extra):
     torch.manual_seed(0)
     return harness.create_model(
-        name, vocab_size=VOCAB, max_length=max_length, task_kind=kind,
+        name, vocab_size=VOCAB, max_length=max_length, batch_format=kind,
         num_classes=3 if kind == "classification" else None, registry=registry,
         **{**LM_MODELS[name], **extra},
     ).eval()
@@ -47,7 +47,7 @@ def seq2seq_model(registry, key: str):
     torch.manual_seed(0)
     attention, params = SEQ2SEQ[key]
     return harness.create_model(key.split("/")[0], vocab_size=VOCAB, max_length=10,
-                                task_kind="seq2seq", attention=attention, registry=registry,
+                                batch_format="seq2seq", attention=attention, registry=registry,
                                 **params).eval()
 
 
@@ -258,7 +258,7 @@ def test_encoder_decoder_runs_every_attention_and_position(registry):
             continue
         torch.manual_seed(0)
         model = harness.create_model("encoder_decoder", vocab_size=VOCAB, max_length=8,
-                                     task_kind="seq2seq", attention=attention, position=position,
+                                     batch_format="seq2seq", attention=attention, position=position,
                                      registry=registry, d_model=32, heads=2).eval()
         memory, _ = model.encode(src, mask)
         full, _ = model.decode(tgt, memory, mask)
@@ -277,7 +277,7 @@ def test_rnn_seq2seq_runs_every_attention(registry, style):
     for attention in _names(registry, "attention"):
         torch.manual_seed(0)
         model = harness.create_model("rnn_seq2seq", vocab_size=VOCAB, max_length=8,
-                                     task_kind="seq2seq", attention=attention, registry=registry,
+                                     batch_format="seq2seq", attention=attention, registry=registry,
                                      embed_dim=16, hidden=32, style=style).eval()
         logits, maps = model(src, tgt, src_padding_mask=mask, return_attention=True)
         assert logits.shape == (2, 5, VOCAB) and torch.isfinite(logits).all(), attention

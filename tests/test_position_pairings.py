@@ -34,10 +34,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("scheme", registry.names("position"))
 
 
-def tiny_model(registry, attention, position, task_kind="lm", **params):
+def tiny_model(registry, attention, position, batch_format="lm", **params):
     return harness.create_model(
-        "transformer", vocab_size=VOCAB, max_length=LENGTH, task_kind=task_kind,
-        num_classes=3 if task_kind == "classification" else None,
+        "transformer", vocab_size=VOCAB, max_length=LENGTH, batch_format=batch_format,
+        num_classes=3 if batch_format == "classification" else None,
         attention=attention, position=position, registry=registry, **{**TINY, **params},
     )
 
@@ -122,7 +122,7 @@ def test_scheme_cached_decoding_equals_a_full_pass(registry, scheme):
 
 def test_scheme_ignores_padding_in_a_bidirectional_model(registry, scheme):
     torch.manual_seed(3)
-    model = tiny_model(registry, "multi_head", scheme, task_kind="classification").eval()
+    model = tiny_model(registry, "multi_head", scheme, batch_format="classification").eval()
     x = tokens(2, 5)
     padded = torch.cat([x, torch.zeros(2, 3, dtype=torch.long)], dim=1)
     with torch.no_grad():

@@ -31,7 +31,7 @@ class RepeatsLaterConfig(TaskConfig):
 
 
 class RepeatsLater(Task):
-    kind = "tagging"
+    task_kind = "tagging"
 
     def __init__(self, config: RepeatsLaterConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(tuple("abcdef")), num_classes=2)
@@ -72,7 +72,7 @@ def test_collate_aligns_tags_with_tokens():
 
 
 def test_tagging_model_outputs_one_label_distribution_per_token(registry):
-    model = harness.create_model("transformer", vocab_size=10, max_length=8, task_kind="tagging",
+    model = harness.create_model("transformer", vocab_size=10, max_length=8, batch_format="tagging",
                                  num_classes=3, registry=registry, d_model=32, heads=2, layers=1)
     assert model(torch.randint(4, 10, (2, 8))).shape == (2, 8, 3)
 

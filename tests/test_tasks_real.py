@@ -210,11 +210,11 @@ def test_g2p_metrics_decode_greedily_in_both_batch_formats(registry, fmt):
         ref = list(e["tgt"][:-1])
         answers[tuple(e["src"])] = ref if i % 2 else ref[1:]  # every other word: drop a phoneme
     model = oracle_models(answers)[fmt]
-    metrics = task.extra_metrics(model, collate(examples, fmt, task.kind), fmt)
+    metrics = task.extra_metrics(model, collate(examples, fmt, task.task_kind), fmt)
     ref_len = sum(len(e["tgt"]) - 1 for e in examples)
     assert metrics == {"per": (4.0, float(ref_len)), "wer": (4.0, 8.0)}
     quiet = g2p(registry, num_val=8, decode_eval=False)
-    assert quiet.extra_metrics(model, collate(examples, fmt, task.kind), fmt) == {}
+    assert quiet.extra_metrics(model, collate(examples, fmt, task.task_kind), fmt) == {}
 
 
 # -- stable across processes ----------------------------------------------------------------

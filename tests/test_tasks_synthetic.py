@@ -66,7 +66,7 @@ def test_every_eval_length_gives_examples_of_that_length(registry, name):
     assert task.eval_lengths == tuple(sorted({SETTINGS[name]["length"], *SETTINGS[name]["eval_lengths"]}))
     for n in task.eval_lengths:
         for e in task.examples("val", n):
-            if task.kind == "seq2seq":
+            if task.task_kind == "seq2seq":
                 assert len(e["src"]) == n
             else:
                 assert len(e["tokens"]) == n + 1 and len(e["loss_mask"]) == n
@@ -77,7 +77,7 @@ def test_every_eval_length_gives_examples_of_that_length(registry, name):
 def scored_answers(task: Any, example: dict[str, Any]) -> list[int]:
     """The tokens a correct model must produce, recomputed from the example's content
     (independently of the generator) for each task."""
-    if task.kind == "seq2seq":
+    if task.task_kind == "seq2seq":
         return list(example["tgt"])
     tokens, mask = example["tokens"], example["loss_mask"]
     return [tokens[i + 1] for i, m in enumerate(mask) if m]
@@ -86,7 +86,7 @@ def scored_answers(task: Any, example: dict[str, Any]) -> list[int]:
 def test_each_task_declares_its_kind(registry):
     for name, kind in KINDS.items():
         assert registry.get("task", name).task_kind == kind
-        assert make(registry, name).kind == kind
+        assert make(registry, name).task_kind == kind
 
 
 @pytest.mark.parametrize(("name", "fmt"), FORMATS)
@@ -94,7 +94,7 @@ def test_collate_masks_score_exactly_the_answers(registry, name, fmt):
     task = make(registry, name)
     n = max(task.eval_lengths)
     examples = list(task.examples("val", n)[:7]) + list(task.examples("val", task.train_length)[:5])
-    batch = collate(examples, fmt, task.kind)
+    batch = collate(examples, fmt, task.task_kind)
     mask, targets = batch["loss_mask"], batch["targets"]
     for row, e in enumerate(examples):
         assert targets[row][mask[row]].tolist() == scored_answers(task, e)
@@ -272,5 +272,5 @@ def test_default_sizes_are_cpu_friendly(registry):
 def test_decoder_only_view_of_seq2seq_tasks_separates_source_and_target(registry):
     task = make(registry, "sort")
     e = task.examples("val", 8)[0]
-    batch = collate([e], "lm", task.kind)
+    batch = collate([e], "lm", task.task_kind)
     assert batch["tokens"][0].tolist() == e["src"] + [SEP] + e["tgt"][:-1]

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import stats
+from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.progress import best_trial, phase_progress
 from harness.study.schema import COSTS
-from harness.study.storage import CONFIG_ATTR, SEED_ATTR, StudyHandle
+from harness.study.storage import StudyHandle
 
 N_RESAMPLES = 10_000
 
@@ -64,10 +65,10 @@ def _children(handle: StudyHandle) -> dict[str, Any]:
     out, token = {}, None
     while True:
         page = client.search_runs([handle.experiment_id()],
-                                  f"tags.mlflow.parentRunId = '{handle.parent_run_id}'",
+                                  f"tags.`{Tag.PARENT_RUN}` = '{handle.parent_run_id}'",
                                   max_results=1000, page_token=token)
         for run in page:
-            out[run.data.tags.get("harness.trial", run.info.run_id)] = run
+            out[run.data.tags.get(Tag.TRIAL, run.info.run_id)] = run
         token = page.token
         if not token:
             return out
@@ -87,14 +88,12 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
     """Per candidate: tuning summary, best configuration, confirmation runs and statistics."""
     from optuna.trial import TrialState
 
-    from harness.run.system import metric_key
-
     cfg = handle.config
     children = _children(handle)
     metric, cost = cfg.objective.metric, front_cost(handle)
     results = []
     for cand in cfg.candidates:
-        tune = handle.load("tune", cand.name)
+        tune = handle.load(Phase.TUNE, cand.name)
         trials = tune.get_trials(deepcopy=False)
         prog = phase_progress(trials, cfg.budget.trials)
         best = best_trial(tune, cfg)
@@ -103,17 +102,17 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
             run = children.get(f"{tune.study_name}#{t.number}")
             if t.state == TrialState.COMPLETE and run is not None:
                 points.append((_cost_value(run.data.metrics, cost), t.values[0]))
-        confirm = handle.load("confirm", cand.name)
+        confirm = handle.load(Phase.CONFIRM, cand.name)
         seeds = []
         for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             run = children.get(f"{confirm.study_name}#{t.number}")
             if run is None:
                 continue
-            na = run.data.tags.get("harness.not_applicable_lengths", "")
-            seeds.append(SeedRun(int(t.user_attrs[SEED_ATTR]), run.info.run_id, t.values[0],
+            na = run.data.tags.get(Tag.NOT_APPLICABLE, "")
+            seeds.append(SeedRun(int(t.user_attrs[Attr.SEED]), run.info.run_id, t.values[0],
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
         seeds.sort(key=lambda s: s.seed)
-        best_config = best.user_attrs.get(CONFIG_ATTR) if best is not None else None
+        best_config = best.user_attrs.get(Attr.CONFIG) if best is not None else None
         label = " · ".join(x for x in (cand.model.name,
                                        cand.model.attention.name if cand.model.attention else "",
                                        cand.model.position.name if cand.model.position else "") if x)
@@ -132,7 +131,7 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
                 res.by_length[length] = None
             else:
                 res.by_length[length] = stats.mean(
-                    [s.metrics.get(metric_key(metric, length), math.nan) for s in seeds])
+                    [s.metrics.get(val_key(metric, length), math.nan) for s in seeds])
         results.append(res)
     _compare(results, handle)
     return results

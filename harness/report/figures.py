@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from harness.keys import Phase, val_key
 from harness.plots import extrapolation_curve, pyplot, save_figure
 from harness.report.collect import CandidateResult, front_cost
 from harness.study.storage import StudyHandle
@@ -23,7 +24,7 @@ from harness.study.storage import StudyHandle
 
 def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
     """``val/<metric>`` against optimizer steps: each seed thin, the mean over seeds bold."""
-    key = f"val/{handle.config.objective.metric}"
+    key = val_key(handle.config.objective.metric)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
@@ -59,7 +60,7 @@ def extrapolation(handle: StudyHandle, results: list[CandidateResult], train_len
     curves = {k: v for k, v in curves.items() if v}
     if not curves or max(len(v) for v in curves.values()) < 2:
         return None
-    return extrapolation_curve(curves, metric=f"val/{handle.config.objective.metric}",
+    return extrapolation_curve(curves, metric=val_key(handle.config.objective.metric),
                                train_length=train_length, path=path,
                                title="Mean over confirmation seeds by evaluation length")
 
@@ -97,7 +98,7 @@ def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Pa
         ax.set_xscale("log")
     ax.set_xlabel({"params": "parameters", "tokens_per_s": "training tokens / s",
                    "peak_memory": "peak memory (MB)"}[cost])
-    ax.set_ylabel(f"val/{cfg.objective.metric}")
+    ax.set_ylabel(val_key(cfg.objective.metric))
     ax.set_title("Quality versus cost (small: tuning trials; large: confirmed mean, 95% CI)")
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
@@ -115,11 +116,11 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
     plt = pyplot()
     cfg = handle.config
     target = (lambda t: t.values[0]) if cfg.multi_objective else None
-    name = f"val/{cfg.objective.metric}"
+    name = val_key(cfg.objective.metric)
     figures, notes = [], []
     (out / "optuna").mkdir(exist_ok=True)
     for cand in cfg.candidates:
-        study = handle.load("tune", cand.name)
+        study = handle.load(Phase.TUNE, cand.name)
         complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         for kind, plot in (("history", ovm.plot_optimization_history),
                            ("importance", ovm.plot_param_importances)):

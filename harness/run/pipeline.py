@@ -20,13 +20,12 @@ from typing import Any
 
 from harness import tracking
 from harness.config import RunConfig, load_run_config, parse_run_config
-from harness.data import collate, input_length, run_model
+from harness.data import BatchFormat
 from harness.errors import PluginError
+from harness.keys import Metric, Tag, component_tag, val_key
 from harness.memory import PeakMemory
 from harness.registry import Registry
 from harness.run.plan import Plan, build_model, build_task, count_parameters, plan, task_info
-
-PRUNED_TAG = "harness.pruned"
 
 
 @dataclass
@@ -120,13 +119,13 @@ def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[i
         fixed = not p.model.spec.extrapolates or (p.position and not p.position.spec.extrapolates)
         if not fixed:
             return list(task.eval_lengths), []
-        trained = max(input_length(e, p.fmt, task.kind) for e in task.examples("train", task.train_length))
+        trained = max(p.fmt.input_length(e, task.task_kind) for e in task.examples("train", task.train_length))
         check = trained.__ge__  # runs an input of n positions iff n <= trained
     for length in task.eval_lengths:
         if length == task.train_length:
             ok.append(length)
             continue
-        need = max(input_length(e, p.fmt, task.kind) for e in task.examples("val", length))
+        need = max(p.fmt.input_length(e, task.task_kind) for e in task.examples("val", length))
         (ok if check(need) else na).append(length)
     return ok, na
 
@@ -172,9 +171,9 @@ def train(
     try:
         tracker.log_params(run_id, resolved)
         tracker.log_dict(run_id, resolved, "config.yaml")
-        tracker.log_metrics(run_id, {"cost/params": num_params})
+        tracker.log_metrics(run_id, {Metric.PARAMS: num_params})
         metrics, na = _fit_and_evaluate(p, task, model, cfg, tracker, run_id, callbacks or [])
-        metrics["cost/params"] = num_params
+        metrics[Metric.PARAMS] = num_params
         status = "FINISHED"
     except BaseException as exc:
         status, tags = _ending(exc)
@@ -198,10 +197,10 @@ def _ending(exc: BaseException) -> tuple[str, dict[str, str]]:
     the reason in ``harness.failure``.
     """
     if _is_pruned(exc):
-        return "KILLED", {PRUNED_TAG: "true"}
+        return "KILLED", {Tag.PRUNED: "true"}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
-        return "KILLED", {"harness.interrupted": "true"}
-    return "FAILED", {"harness.failure": f"{type(exc).__name__}: {exc}"}
+        return "KILLED", {Tag.INTERRUPTED: "true"}
+    return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
 
 
 def _fit_and_evaluate(
@@ -252,12 +251,12 @@ def _fit_and_evaluate(
 
     metrics = dict(system.final_metrics)
     if throughput.tokens_per_s:
-        metrics["cost/train_tokens_per_s"] = throughput.tokens_per_s
+        metrics[Metric.TOKENS_PER_S] = throughput.tokens_per_s
     metrics.update(peak.metrics())
-    metrics["train/steps"] = float(trainer.global_step)
+    metrics[Metric.TRAIN_STEPS] = float(trainer.global_step)
     tracker.log_metrics(run_id, metrics, step=trainer.global_step)
     if na:
-        tracker.set_tags(run_id, {"harness.not_applicable_lengths": ",".join(map(str, na))})
+        tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, na))})
     _log_figures(p, task, system, cfg, tracker, run_id, ok)
     return metrics, na
 
@@ -265,14 +264,12 @@ def _fit_and_evaluate(
 def _log_figures(p: Plan, task: Any, system: Any, cfg: RunConfig, tracker: tracking.Tracker,
                  run_id: str, lengths: list[int]) -> None:
     from harness import plots
-    from harness.run.system import metric_key
-
     with tempfile.TemporaryDirectory() as tmp:
         metric = "acc"
-        curve = {n: system.final_metrics[metric_key(metric, n)] for n in lengths
-                 if metric_key(metric, n) in system.final_metrics}
+        curve = {n: system.final_metrics[val_key(metric, n)] for n in lengths
+                 if val_key(metric, n) in system.final_metrics}
         if len(task.eval_lengths) > 1 and curve:
-            path = plots.extrapolation_curve({default_run_name(p): curve}, metric=f"val/{metric}",
+            path = plots.extrapolation_curve({default_run_name(p): curve}, metric=val_key(metric),
                                              train_length=task.train_length,
                                              path=Path(tmp) / "extrapolation.png")
             tracker.log_artifact(run_id, path, "plots")
@@ -286,20 +283,20 @@ def _log_figures(p: Plan, task: Any, system: Any, cfg: RunConfig, tracker: track
                 tracker.log_artifact(run_id, path, "attention")
 
 
-def attention_maps(model: Any, task: Any, fmt: str, count: int = 2) -> list[list[Any]]:
+def attention_maps(model: Any, task: Any, fmt: BatchFormat, count: int = 2) -> list[list[Any]]:
     """Attention weights (per layer: heads x Lq x Lk) of the first validation examples, for
     models whose forward accepts ``return_attention=True``."""
     import torch
 
     examples = list(task.examples("val", task.train_length)[:count])
-    batch = collate(examples, fmt, task.kind)
+    batch = fmt.collate(examples, task.task_kind)
     device = next(model.parameters()).device
     batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = run_model(model, batch, fmt, return_attention=True)
+            out = fmt.call(model, batch, return_attention=True)
     except TypeError:
         return []
     finally:
@@ -315,16 +312,15 @@ def provenance_tags(p: Plan) -> dict[str, str]:
 
     tags = {}
     for role, comp in p.components().items():
-        tags[f"harness.{role}"] = comp.name
-        tags[f"harness.{role}.plugin"] = comp.spec.plugin
-        tags[f"harness.{role}.distribution"] = comp.spec.distribution
-        tags[f"harness.{role}.version"] = comp.spec.version
+        tags[component_tag(role)] = comp.name
+        for attr in ("plugin", "distribution", "version"):
+            tags[component_tag(role, attr)] = getattr(comp.spec, attr)
     with contextlib.suppress(PackageNotFoundError):
-        tags["harness.version"] = version("attention-harness")
+        tags[Tag.VERSION] = version("attention-harness")
     commit = tracking.git_commit()
     if commit:
-        tags["mlflow.source.git.commit"] = commit
-    tags["harness.batch_format"] = p.fmt
+        tags[Tag.GIT_COMMIT] = commit
+    tags[Tag.BATCH_FORMAT] = str(p.fmt)
     return tags
 
 

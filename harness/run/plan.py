@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.config import ComponentConfig, ModelConfig, RunConfig
-from harness.data import Task, TaskInfo, batch_format, input_length
+from harness.data import BatchFormat, Task, TaskInfo, batch_format
 from harness.errors import (
     ConfigError,
     HarnessError,
@@ -50,7 +50,7 @@ class Plan:
     model: Component
     attention: Component | None
     position: Component | None
-    fmt: str  # the batch format the model receives
+    fmt: BatchFormat  # the batch format the model receives
     #: per-role attention overrides (``model.attention_roles``), in the model's role order
     attention_roles: dict[str, Component] = field(default_factory=dict)
 
@@ -195,9 +195,9 @@ def build_task(p: Plan, seed: int) -> Task:
 
 def task_info(p: Plan, task: Task) -> TaskInfo:
     examples = task.examples("train", task.train_length)
-    max_len = max(input_length(e, p.fmt, task.kind) for e in examples)
+    max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
-        kind=p.fmt, vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes
+        format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes
     )
 
 

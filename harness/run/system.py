@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from harness.config import TrainConfig
-from harness.data import Task, collate, run_model
+from harness.data import BatchFormat, Task
+from harness.keys import Metric, val_key
 
 
 class TrainingDiverged(RuntimeError):
@@ -29,11 +30,11 @@ class TrainingDiverged(RuntimeError):
 
 
 class HarnessDataModule(L.LightningDataModule):
-    def __init__(self, task: Task, fmt: str, batch_size: int, seed: int) -> None:
+    def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int) -> None:
         super().__init__()
         self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
         self.val_lengths: list[int] = [task.train_length]
-        self._collate = partial(collate, fmt=fmt, task_kind=task.kind)
+        self._collate = partial(fmt.collate, task_kind=task.task_kind)
 
     def train_dataloader(self) -> DataLoader:
         data = self.task.examples("train", self.task.train_length)
@@ -72,7 +73,7 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
 
 
 class HarnessSystem(L.LightningModule):
-    def __init__(self, model: torch.nn.Module, task: Task, fmt: str, cfg: TrainConfig) -> None:
+    def __init__(self, model: torch.nn.Module, task: Task, fmt: BatchFormat, cfg: TrainConfig) -> None:
         super().__init__()
         self.model, self.task, self.fmt, self.cfg = model, task, fmt, cfg
         self.val_lengths: list[int] = [task.train_length]
@@ -80,10 +81,10 @@ class HarnessSystem(L.LightningModule):
         self.final_metrics: dict[str, float] = {}
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        return run_model(self.model, batch, self.fmt)  # type: ignore[no-any-return]
+        return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        if self.cfg.scheduled_sampling and self.fmt in ("lm", "seq2seq"):  # targets feed back
+        if self.cfg.scheduled_sampling and self.fmt.feedback:  # targets feed back
             with torch.no_grad():
                 first_pass = self(batch)
             batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
@@ -95,9 +96,9 @@ class HarnessSystem(L.LightningModule):
                 f"learning rate, raise warm-up, or enable gradient clipping."
             )
         bs = batch["targets"].shape[0]
-        self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=bs)
+        self.log(Metric.TRAIN_LOSS, loss, on_step=True, prog_bar=True, batch_size=bs)
         acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
-        self.log("train/acc", acc, on_step=True, batch_size=bs)
+        self.log(Metric.TRAIN_ACC, acc, on_step=True, batch_size=bs)
         return loss
 
     def on_validation_epoch_start(self) -> None:
@@ -117,11 +118,11 @@ class HarnessSystem(L.LightningModule):
         for length, sums in self._sums.items():
             metrics = summarize(sums, self.task.report_perplexity)
             for name, value in metrics.items():
-                keys = [metric_key(name, length)]
+                keys = [val_key(name, length)]
                 if length == self.task.train_length:
-                    keys.append(f"val/{name}")
+                    keys.append(val_key(name))
                 for key in keys:
-                    self.log(key, value, prog_bar=key in ("val/loss", "val/acc"))
+                    self.log(key, value, prog_bar=key in (val_key("loss"), val_key("acc")))
                     self.final_metrics[key] = value
 
     def configure_optimizers(self) -> Any:
@@ -142,7 +143,7 @@ class HarnessSystem(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: str, prob: float) -> dict[str, Any]:
+def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: BatchFormat, prob: float) -> dict[str, Any]:
     """The batch with some teacher-forced inputs replaced by the model's own predictions.
 
     Scheduled sampling (Bengio et al., 2015) in its two-pass form (Mihaylova & Martins,
@@ -153,18 +154,14 @@ def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: str, pr
     pass trains on the mixed inputs; targets are unchanged. Padding, BOS and unscored
     context (a decoder-only model's source) are never replaced.
     """
-    key, padding = ("tgt_in", "tgt_padding_mask") if fmt == "seq2seq" else ("tokens", "padding_mask")
+    assert fmt.feedback is not None, f"targets never feed back in the {fmt} format"
+    key, padding = fmt.feedback
     inputs = batch[key]
     coin = torch.rand(inputs[:, 1:].shape, device=inputs.device) < prob
     replace = coin & batch["loss_mask"][:, :-1] & ~batch[padding][:, 1:]
     mixed = inputs.clone()
     mixed[:, 1:] = torch.where(replace, logits[:, :-1].argmax(-1), inputs[:, 1:])
     return {**batch, key: mixed}
-
-
-def metric_key(name: str, length: int) -> str:
-    """The MLflow key of a validation metric at an evaluation length: ``val/acc_len256``."""
-    return f"val/{name}_len{length}"
 
 
 def warmup_cosine(step: int, *, warmup: int, total: int) -> float:

@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.keys import Attr, Phase, Tag
 from harness.study.schema import StudyConfig
 from harness.study.storage import (
-    INTERRUPTED_TAG,
-    PHASES,
-    SEED_ATTR,
     StudyHandle,
     quiet_experimental,
     redact,
@@ -114,15 +112,15 @@ def progress(handle: StudyHandle) -> StudyProgress:
     config = handle.config
     out = []
     for cand in config.candidates:
-        tune = handle.load("tune", cand.name)
-        confirm = handle.load("confirm", cand.name)
+        tune = handle.load(Phase.TUNE, cand.name)
+        confirm = handle.load(Phase.CONFIRM, cand.name)
         cp = CandidateProgress(cand.name, phase_progress(tune.get_trials(deepcopy=False), config.budget.trials),
                                phase_progress(confirm.get_trials(deepcopy=False), config.confirm.seeds))
         best = best_trial(tune, config)
         if best is not None:
             cp.best_value, cp.best_trial = best.values[0], best.number
         for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            cp.confirm_values[int(t.user_attrs[SEED_ATTR])] = t.values[0]
+            cp.confirm_values[int(t.user_attrs[Attr.SEED])] = t.values[0]
         out.append(cp)
     status = handle.tracker.client.get_run(handle.parent_run_id).info.status
     return StudyProgress(handle.name, out, status)
@@ -181,14 +179,14 @@ def reconcile(handle: StudyHandle) -> list[str]:
     client = handle.tracker.client
     runs = client.search_runs(
         [handle.experiment_id()],
-        f"tags.mlflow.parentRunId = '{handle.parent_run_id}' and attributes.status = 'RUNNING'",
+        f"tags.`{Tag.PARENT_RUN}` = '{handle.parent_run_id}' and attributes.status = 'RUNNING'",
     )
     ended = []
     for run in runs:
-        state = _trial_state(handle.storage, run.data.tags.get("harness.trial", ""))
+        state = _trial_state(handle.storage, run.data.tags.get(Tag.TRIAL, ""))
         if state in (TrialState.RUNNING, TrialState.WAITING):
             continue
-        handle.tracker.set_tags(run.info.run_id, {INTERRUPTED_TAG: "true"})
+        handle.tracker.set_tags(run.info.run_id, {Tag.INTERRUPTED: "true"})
         handle.tracker.end_run(run.info.run_id, "KILLED")
         ended.append(run.info.run_id)
     return ended
@@ -197,7 +195,7 @@ def reconcile(handle: StudyHandle) -> list[str]:
 def settle_parent(handle: StudyHandle, prog: StudyProgress) -> None:
     """A complete study's parent run ends FINISHED (whoever notices first)."""
     if prog.complete and prog.parent_status != "FINISHED":
-        handle.tracker.set_tags(handle.parent_run_id, {"harness.study_state": "complete"})
+        handle.tracker.set_tags(handle.parent_run_id, {Tag.STUDY_STATE: "complete"})
         handle.tracker.end_run(handle.parent_run_id, "FINISHED")
 
 
@@ -208,5 +206,5 @@ def fail_stale(handle: StudyHandle) -> None:
 
     with quiet_experimental():
         for cand in handle.config.candidates:
-            for phase in PHASES:
+            for phase in Phase:
                 optuna.storages.fail_stale_trials(handle.load(phase, cand.name))

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.config import ComponentConfig, read_yaml
 from harness.errors import ConfigError
+from harness.keys import Metric
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
@@ -26,9 +27,9 @@ MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
 MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
 COSTS: dict[str, tuple[tuple[str, ...], str]] = {
-    "tokens_per_s": (("cost/train_tokens_per_s",), "maximize"),
-    "peak_memory": (("cost/peak_gpu_mem_mb", "cost/peak_rss_mb"), "minimize"),
-    "params": (("cost/params",), "minimize"),
+    "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
+    "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_RSS_MB), "minimize"),
+    "params": ((Metric.PARAMS,), "minimize"),
 }
 
 

@@ -22,17 +22,9 @@ from typing import Any
 
 from harness import tracking
 from harness.errors import ConfigError, HarnessError
+from harness.keys import Attr, Phase, Tag
 from harness.study.schema import StudyConfig, parse_study_config
 from harness.study.space import StudySpace
-
-RECORD_ATTR = "harness.record"
-SLOT_ATTR = "harness.slot"
-SEED_ATTR = "harness.seed"
-RUN_ATTR = "harness.mlflow_run_id"
-CONFIG_ATTR = "harness.run_config"
-FAILURE_ATTR = "harness.failure"
-INTERRUPTED_TAG = "harness.interrupted"
-PHASES = ("tune", "confirm")
 
 Log = Callable[[str], None]
 
@@ -127,13 +119,13 @@ def _read_record(storage: Any, name: str) -> dict[str, Any] | None:
         study_id = storage.get_study_id_from_name(name)
     except (KeyError, OptunaError):
         return None
-    record = storage.get_study_user_attrs(study_id).get(RECORD_ATTR)
+    record = storage.get_study_user_attrs(study_id).get(Attr.RECORD)
     return dict(record) if record else {}
 
 
 def study_names(storage: Any) -> list[str]:
     return sorted(s.study_name for s in storage.get_all_studies()
-                  if RECORD_ATTR in s.user_attrs)
+                  if Attr.RECORD in s.user_attrs)
 
 
 def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None) -> StudyHandle:
@@ -222,22 +214,24 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
     tracker = tracking.Tracker(tracking_uri)
     experiment = config.tracking.experiment or name
     parent = tracker.start_run(experiment, run_name=name, tags={
-        "harness.study": name, "harness.kind": "study", "harness.storage": redact(storage_url),
-        "harness.fingerprint": config.fingerprint(), "harness.notes": "; ".join(space.notes),
+        Tag.STUDY: name, Tag.KIND: "study", Tag.STORAGE: redact(storage_url),
+        Tag.FINGERPRINT: config.fingerprint(), Tag.NOTES: "; ".join(space.notes),
     })
     tracker.log_params(parent, {"study": config.protocol_dict()})
     tracker.log_dict(parent, config.model_dump(mode="json"), "study.yaml")
     tracker.client.update_run(parent, status="SCHEDULED")
     with quiet_experimental():
         for cand in space.candidates:
-            for phase, seeds in (("tune", [None] * config.budget.trials),
-                                 ("confirm", config.confirm_seeds())):
+            for phase, seeds in ((Phase.TUNE, [None] * config.budget.trials),
+                                 (Phase.CONFIRM, config.confirm_seeds())):
                 study = optuna.create_study(study_name=phase_study_name(name, phase, cand.name),
                                             storage=storage,
                                             directions=config.directions())  # type: ignore[arg-type]
-                study.set_user_attr("harness.candidate", cand.name)
+                study.set_user_attr(Attr.CANDIDATE, cand.name)
                 for slot, seed in enumerate(seeds):
-                    attrs = {SLOT_ATTR: slot} | ({SEED_ATTR: seed} if seed is not None else {})
+                    attrs: dict[str, Any] = {Attr.SLOT: slot}
+                    if seed is not None:
+                        attrs[Attr.SEED] = seed
                     study.enqueue_trial({}, user_attrs=attrs)
     record = {
         "name": name, "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
@@ -245,7 +239,7 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
         "notes": space.notes, "train_length": space.train_length,
         "eval_lengths": list(space.eval_lengths), "created": time.time(), "ready": True,
     }
-    storage.set_study_user_attr(storage.get_study_id_from_name(name), RECORD_ATTR, record)
+    storage.set_study_user_attr(storage.get_study_id_from_name(name), Attr.RECORD, record)
     log(f"created study '{name}' in {redact(storage_url)}; MLflow parent run {parent}")
     return StudyHandle(name, storage, storage_url, record, config, tracker)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError
+from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
 from harness.study.progress import (
     StudyProgress,
@@ -31,11 +32,6 @@ from harness.study.progress import (
 from harness.study.schema import COSTS, StudyConfig
 from harness.study.space import StudySpace
 from harness.study.storage import (
-    CONFIG_ATTR,
-    FAILURE_ATTR,
-    RUN_ATTR,
-    SEED_ATTR,
-    SLOT_ATTR,
     Log,
     StudyHandle,
     claim_slot,
@@ -83,14 +79,14 @@ def claim_next(handle: StudyHandle, space: StudySpace, prog: StudyProgress) -> J
     fewest_started = sorted(space.candidates, key=lambda c: (-by_name[c.name].tune.waiting, c.index))
     for cand in fewest_started:
         if by_name[cand.name].tune.waiting:
-            trial = claim_slot(handle, "tune", cand.name)
+            trial = claim_slot(handle, Phase.TUNE, cand.name)
             if trial is not None:
-                return Job("tune", cand, trial)
+                return Job(Phase.TUNE, cand, trial)
     for cand in space.candidates:
         if by_name[cand.name].tune.finished and by_name[cand.name].confirm.waiting:
-            trial = claim_slot(handle, "confirm", cand.name)
+            trial = claim_slot(handle, Phase.CONFIRM, cand.name)
             if trial is not None:
-                return Job("confirm", cand, trial)
+                return Job(Phase.CONFIRM, cand, trial)
     return None
 
 
@@ -112,7 +108,7 @@ def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_s
         def on_fit_start(self, trainer: Any, module: Any) -> None:
             run_id = getattr(trainer.logger, "run_id", None)
             if run_id and trainer.is_global_zero:
-                trial.set_user_attr(RUN_ATTR, run_id)
+                trial.set_user_attr(Attr.RUN, run_id)
 
         def on_validation_end(self, trainer: Any, module: Any) -> None:
             if trainer.sanity_checking or trainer.state.fn != "fit" or not report:
@@ -132,9 +128,7 @@ def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_s
 
 
 def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
-    from harness.run.system import metric_key
-
-    key = metric_key(config.objective.metric, space.objective_length)
+    key = val_key(config.objective.metric, space.objective_length)
     if key not in result.metrics:
         na = f" It cannot run at lengths {result.not_applicable}." if result.not_applicable else ""
         raise HarnessError(
@@ -155,7 +149,7 @@ def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> lis
 
 def _find_run(handle: StudyHandle, key: str) -> str | None:
     runs = handle.tracker.client.search_runs(
-        [handle.experiment_id()], f"tags.`harness.trial` = '{key}'", max_results=1)
+        [handle.experiment_id()], f"tags.`{Tag.TRIAL}` = '{key}'", max_results=1)
     return runs[0].info.run_id if runs else None
 
 
@@ -168,16 +162,15 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
 
     cfg = handle.config
     number = job.trial.number
-    slot = int(job.trial.user_attrs[SLOT_ATTR])
+    slot = int(job.trial.user_attrs[Attr.SLOT])
     seed_base = cfg.sampler.seed
     sampler = make_sampler(cfg, None if seed_base is None else seed_base + 7919 * job.cand.index + slot)
-    study = handle.load(job.phase, job.cand.name, sampler, make_pruner(cfg) if job.phase == "tune" else None)
+    study = handle.load(job.phase, job.cand.name, sampler, make_pruner(cfg) if job.phase == Phase.TUNE else None)
     study_id = handle.storage.get_study_id_from_name(study.study_name)
     trial_id = handle.storage.get_trial_id_from_study_id_trial_number(study_id, number)
     key = f"{study.study_name}#{number}"
-    tags = {"harness.study": handle.name, "harness.phase": job.phase, "harness.candidate": job.cand.name,
-            "harness.trial": key, "harness.trial_number": str(number), "harness.slot": str(slot),
-            "harness.worker": worker}
+    tags: dict[str, str] = {Tag.STUDY: handle.name, Tag.PHASE: str(job.phase), Tag.CANDIDATE: job.cand.name,
+            Tag.TRIAL: key, Tag.TRIAL_NUMBER: str(number), Tag.SLOT: str(slot), Tag.WORKER: worker}
     label = f"[{job.phase} {job.cand.name} #{number}]"
     started = time.monotonic()
     with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
@@ -185,16 +178,16 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
         trial = optuna.trial.Trial(study, trial_id)
         try:
             run = _job_run_config(handle, space, job, trial)
-            tags["harness.seed"] = str(run["train"]["seed"])
+            tags[Tag.SEED] = str(run["train"]["seed"])
             run["tracking"] = {"uri": handle.tracker.uri, "experiment": handle.record["experiment"],
                                "run_name": f"{job.cand.name} {job.phase} #{number}"}
-            trial.set_user_attr(CONFIG_ATTR, run)
+            trial.set_user_attr(Attr.CONFIG, run)
             callback = trial_callback(
-                trial, f"val/{cfg.objective.metric}", report=not cfg.multi_objective,
-                prune=job.phase == "tune" and not cfg.multi_objective, max_steps=cfg.budget.steps)
+                trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
+                prune=job.phase == Phase.TUNE and not cfg.multi_objective, max_steps=cfg.budget.steps)
             result = train(run, registry=space.registry, parent_run_id=handle.parent_run_id,
                            callbacks=[callback], extra_tags=tags)
-            trial.set_user_attr(RUN_ATTR, result.run_id)
+            trial.set_user_attr(Attr.RUN, result.run_id)
             values = objective_values(cfg, space, result)
             study.tell(trial, values, skip_if_finished=True)
             log(f"{label} {' / '.join(f'{v:.4g}' for v in values)} ({time.monotonic() - started:.1f} s)")
@@ -220,17 +213,17 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
 
 def _job_run_config(handle: StudyHandle, space: StudySpace, job: Job, trial: Any) -> dict[str, Any]:
     cfg = handle.config
-    if job.phase == "tune":
+    if job.phase == Phase.TUNE:
         return space.run_config(job.cand, trial, seed=cfg.seed)
-    best = best_trial(handle.load("tune", job.cand.name), cfg)
+    best = best_trial(handle.load(Phase.TUNE, job.cand.name), cfg)
     if best is None:
         raise HarnessError(
             f"candidate '{job.cand.name}' has no completed tuning trial (all failed or were "
             f"pruned), so there is no configuration to confirm; see `harness study status`."
         )
-    run = copy.deepcopy(best.user_attrs[CONFIG_ATTR])
-    run["train"]["seed"] = int(job.trial.user_attrs[SEED_ATTR])
-    trial.set_user_attr("harness.tuning_trial", best.number)
+    run = copy.deepcopy(best.user_attrs[Attr.CONFIG])
+    run["train"]["seed"] = int(job.trial.user_attrs[Attr.SEED])
+    trial.set_user_attr(Attr.TUNING_TRIAL, best.number)
     return dict(run)
 
 
@@ -238,15 +231,15 @@ def _fail(handle: StudyHandle, study: Any, trial: Any, key: str, tags: dict[str,
     """FAIL the trial with its reason; make sure it has a (FAILED) MLflow run to show it."""
     from optuna.trial import TrialState
 
-    trial.set_user_attr(FAILURE_ATTR, reason[:2000])
+    trial.set_user_attr(Attr.FAILURE, reason[:2000])
     run_id = _find_run(handle, key)
     if run_id is None:
         run_id = handle.tracker.start_run(handle.record["experiment"], parent_run_id=handle.parent_run_id,
-                                          run_name=f"{tags['harness.candidate']} {tags['harness.phase']} "
-                                                   f"#{tags['harness.trial_number']}",
-                                          tags={**tags, "harness.failure": reason})
+                                          run_name=f"{tags[Tag.CANDIDATE]} {tags[Tag.PHASE]} "
+                                                   f"#{tags[Tag.TRIAL_NUMBER]}",
+                                          tags={**tags, Tag.FAILURE: reason})
         handle.tracker.end_run(run_id, "FAILED")
-    trial.set_user_attr(RUN_ATTR, run_id)
+    trial.set_user_attr(Attr.RUN, run_id)
     study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
@@ -299,5 +292,5 @@ def _leave_parent(handle: StudyHandle) -> None:
         if prog.complete:
             settle_parent(handle, prog)
         elif prog.running == 0:
-            handle.tracker.set_tags(handle.parent_run_id, {"harness.study_state": "incomplete"})
+            handle.tracker.set_tags(handle.parent_run_id, {Tag.STUDY_STATE: "incomplete"})
             handle.tracker.end_run(handle.parent_run_id, "KILLED")

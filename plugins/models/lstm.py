@@ -35,7 +35,7 @@ def build(config: LstmConfig, *, task: Any, attention: Any = None, position: Any
     return module_class()(
         "lstm", vocab_size=task.vocab_size, width=config.width, layers=config.layers,
         dropout=config.dropout, tie_embeddings=config.tie_embeddings,
-        num_classes=task.num_classes if task.kind == "classification" else None,
+        num_classes=task.num_classes if task.format == "classification" else None,
     )
 
 

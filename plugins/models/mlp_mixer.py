@@ -42,9 +42,9 @@ class MLPMixerConfig:
 
 
 def build(config: MLPMixerConfig, *, task: Any, attention: Any = None, position: Any = None) -> Any:
-    classify = task.kind == "classification"
+    classify = task.format == "classification"
     causal = (not classify) if config.causal is None else config.causal
-    if task.kind == "lm" and not causal:
+    if task.format == "lm" and not causal:
         raise ValueError(
             "causal: false on an lm task lets every position see the token it must predict "
             "(the next input); keep causal mixing for lm tasks"
@@ -97,7 +97,7 @@ def module_class() -> type:
         def __init__(self, cfg: MLPMixerConfig, task: Any, causal: bool) -> None:
             super().__init__()
             self.length = task.max_length
-            self.classify = task.kind == "classification"
+            self.classify = task.format == "classification"
             self.causal = causal
             self.embed = ScaledEmbedding(task.vocab_size, cfg.d_model)
             self.drop = nn.Dropout(cfg.dropout)

@@ -42,7 +42,7 @@ class TransformerConfig:
 
 
 def build(config: TransformerConfig, *, task: Any, attention: Any, position: Any) -> Any:
-    if task.kind == "lm" and config.causal is False:
+    if task.format == "lm" and config.causal is False:
         raise ValueError(
             "causal: false on an lm task lets every position see the token it must predict "
             "(lm targets are the inputs shifted by one); keep causal attention for lm tasks"
@@ -61,8 +61,8 @@ def module_class() -> type:
         def __init__(self, cfg: TransformerConfig, task: Any, attention: Any, position: Any) -> None:
             super().__init__()
             d = cfg.d_model
-            self.classify = task.kind == "classification"
-            self.tag = task.kind == "tagging"
+            self.classify = task.format == "classification"
+            self.tag = task.format == "tagging"
             encoder = self.classify or self.tag
             self.causal = (not encoder) if cfg.causal is None else cfg.causal
             self.position = (

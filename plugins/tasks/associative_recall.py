@@ -94,7 +94,7 @@ def sample_slots(rng: random.Random, cum_weights: list[float], k: int) -> list[i
 
 
 class AssociativeRecallTask(Task):
-    kind = "lm"
+    task_kind = "lm"
     config: AssociativeRecallConfig
 
     def __init__(self, config: AssociativeRecallConfig, *, seed: int) -> None:

@@ -95,7 +95,7 @@ def split_offsets(total: int) -> dict[str, tuple[int, int]]:
 
 
 class CharLMTask(Task):
-    kind = "lm"
+    task_kind = "lm"
     report_perplexity = True
     config: CharLMConfig
 

@@ -23,7 +23,7 @@ class CopyConfig(TaskConfig):
 
 
 class CopyTask(Task):
-    kind = "seq2seq"
+    task_kind = "seq2seq"
 
     def __init__(self, config: CopyConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(tuple(f"s{i}" for i in range(config.vocab))))

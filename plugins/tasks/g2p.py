@@ -110,7 +110,7 @@ def lexicon(stress: str) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
 
 
 class G2PTask(Task):
-    kind = "seq2seq"
+    task_kind = "seq2seq"
     config: G2PConfig
 
     def __init__(self, config: G2PConfig, *, seed: int) -> None:
@@ -139,7 +139,7 @@ class G2PTask(Task):
             for word, phones in self.words(split, length)
         ]
 
-    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: str) -> dict[str, tuple[float, float]]:
+    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: Any) -> dict[str, tuple[float, float]]:
         """Phoneme and word error rates of greedy decoding, as (errors, total) sums."""
         if not self.config.decode_eval:
             return {}

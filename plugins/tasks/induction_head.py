@@ -45,7 +45,7 @@ class InductionHeadConfig(TaskConfig):
 
 
 class InductionHeadTask(Task):
-    kind = "lm"
+    task_kind = "lm"
     config: InductionHeadConfig
 
     def __init__(self, config: InductionHeadConfig, *, seed: int) -> None:

@@ -34,7 +34,7 @@ class ReverseConfig(TaskConfig):
 
 
 class ReverseTask(Task):
-    kind = "seq2seq"
+    task_kind = "seq2seq"
 
     def __init__(self, config: ReverseConfig, *, seed: int) -> None:
         symbols = tuple(f"s{i}" for i in range(config.vocab))
@@ -50,7 +50,7 @@ class ReverseTask(Task):
             out.append({"src": src, "tgt": src[::-1]})
         return out
 
-    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: str) -> dict[str, tuple[float, float]]:
+    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: Any) -> dict[str, tuple[float, float]]:
         """``greedy_exact``: the share of sources reversed exactly when the model decodes
         freely (its own outputs fed back), stricter than teacher-forced accuracy."""
         if not self.config.decode_eval:  # type: ignore[attr-defined]

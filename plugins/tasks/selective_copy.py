@@ -50,7 +50,7 @@ class SelectiveCopyConfig(TaskConfig):
 
 
 class SelectiveCopyTask(Task):
-    kind = "seq2seq"
+    task_kind = "seq2seq"
     config: SelectiveCopyConfig
 
     def __init__(self, config: SelectiveCopyConfig, *, seed: int) -> None:

@@ -60,7 +60,7 @@ class SkipDependencyConfig(TaskConfig):
 
 
 class SkipDependencyTask(Task):
-    kind = "lm"
+    task_kind = "lm"
     config: SkipDependencyConfig
 
     def __init__(self, config: SkipDependencyConfig, *, seed: int) -> None:

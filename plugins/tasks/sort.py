@@ -34,7 +34,7 @@ class SortConfig(TaskConfig):
 
 
 class SortTask(Task):
-    kind = "seq2seq"
+    task_kind = "seq2seq"
     config: SortConfig
 
     def __init__(self, config: SortConfig, *, seed: int) -> None:
