@@ -58,16 +58,21 @@ def create_model(
     num_classes: int | None = None,
     attention: str | None = None,
     position: str | None = None,
+    mixer: str | None = None,
     attention_params: dict[str, Any] | None = None,
     position_params: dict[str, Any] | None = None,
+    mixer_params: dict[str, Any] | None = None,
+    preset: str | None = None,
     attention_roles: dict[str, str | dict[str, Any]] | None = None,
     registry: Registry | None = None,
     **params: Any,
 ) -> Any:
-    """Build a model (a plain ``nn.Module``) by name, with its attention and position scheme.
+    """Build a model (a plain ``nn.Module``) by name, with its attention variant or mixer
+    (or both, for a hybrid) and its position scheme.
 
-    ``batch_format`` is the batch format the model will receive (``lm``, ``seq2seq`` or
-    ``classification``); ``max_length`` the longest input it will see in training.
+    ``batch_format`` is the batch format the model will receive (``lm``, ``seq2seq``,
+    ``classification`` or ``tagging``); ``max_length`` the longest input it will see in
+    training; ``preset`` a named preset of the model (``transformer++``).
     ``attention_roles`` gives roles the model declares their own variant, by name or as
     ``{"name": ..., "params": {...}}``: ``attention_roles={"cross": "additive"}``.
     """
@@ -87,13 +92,15 @@ def create_model(
             params=params,
             attention=component(attention, attention_params),
             position=component(position, position_params),
+            mixer=component(mixer, mixer_params),
+            preset=preset,
             attention_roles=roles,  # type: ignore[arg-type]  # validated into ComponentConfigs
         )
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "create_model arguments")) from None
-    model, att, pos, att_roles = resolve_model(registry or load_plugins(), cfg)
+    parts = resolve_model(registry or load_plugins(), cfg)
     info = TaskInfo(format=batch_format, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
-    return build_model_from(model, att, pos, info, att_roles)
+    return build_model_from(parts, info)
 
 
 def train(config: Any, **kwargs: Any) -> RunResult:

@@ -36,7 +36,13 @@ class ComponentConfig(Strict):
 
 class ModelConfig(ComponentConfig):
     attention: ComponentConfig | None = None
+    #: a sequence mixer that is not softmax attention (``{name: mamba}``), for a model that
+    #: takes one (``ModelSpec.uses_mixer``); with ``attention`` too, a hybrid (see the model's
+    #: ``pattern``). Left out of dumps when unset, so configs without mixers serialise as before.
+    mixer: ComponentConfig | None = Field(None, exclude_if=lambda m: m is None)
     position: ComponentConfig | None = None
+    #: a named preset of the model (``transformer++``) that fills in what the config leaves unset
+    preset: str | None = Field(None, exclude_if=lambda v: v is None)
     # per-role attention variants (``cross: {name: additive}``) of a model that declares
     # roles (``ModelSpec.attention_roles``); a role not listed uses ``attention``. Left out
     # of dumps when empty, so configs without roles serialise as before.

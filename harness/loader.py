@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -38,6 +39,9 @@ ENV_ALLOW = "HARNESS_PLUGINS"
 ENV_DENY = "HARNESS_DISABLE_PLUGINS"
 ENV_NO_AUTOLOAD = "HARNESS_NO_AUTOLOAD"
 ENV_TRACE = "HARNESS_TRACE_PLUGINS"
+#: A plugin whose import takes longer than this (beyond the harness's own imports, done
+#: first) is named in a warning: it slows every command that loads plugins.
+SLOW_IMPORT_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class _Source:
     distribution: str
     version: str
     load: Callable[[], Any]
+    module: str = ""  # the module an entry point names (for the listing cache)
 
 
 def _patterns(value: str | None) -> list[str]:
@@ -62,9 +67,8 @@ def _entry_point_sources(allow: Sequence[str], deny: Sequence[str]) -> list[_Sou
         if (allow and not _matches(ep.name, allow)) or _matches(ep.name, deny):
             continue
         dist = ep.dist
-        sources.append(
-            _Source(ep.name, dist.name if dist else "", dist.version if dist else "", ep.load)
-        )
+        sources.append(_Source(ep.name, dist.name if dist else "", dist.version if dist else "",
+                               ep.load, ep.value.split(":")[0]))
     return sources
 
 
@@ -78,11 +82,15 @@ def import_file(path: str | os.PathLike[str]) -> Any:
         )
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     module_name = f"harness_local_{path.stem}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
+    stat = path.stat()
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and getattr(loaded, "__harness_stamp__", None) == stamp:
+        return loaded  # the same file, unchanged: importing it again would re-run its code
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    module.__harness_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
@@ -114,19 +122,11 @@ def load(
     (modules, classes or instances with hook implementations), registered like any other.
     ``autoload``/``allow``/``deny`` default to the environment variables above.
     """
-    if autoload is None:
-        autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
-    allow = list(allow) if allow is not None else _patterns(os.environ.get(ENV_ALLOW))
-    deny = list(deny) if deny is not None else _patterns(os.environ.get(ENV_DENY))
+    # The harness's own heavy imports (torch, through the base classes) come first, so the
+    # time a plugin takes to import is its own.
+    import harness.plugin  # noqa: F401
 
-    sources: list[_Source] = _entry_point_sources(allow, deny) if autoload else []
-    for path in local_files:
-        resolved = Path(path).resolve()
-        sources.append(_Source(resolved.stem, f"file {resolved}", "", partial(import_file, resolved)))
-    for obj in plugins:
-        name = getattr(obj, "__name__", None) or type(obj).__name__
-        sources.append(_Source(name, "in-process", "", partial(_identity, obj)))
-
+    sources = sources_of(local_files, plugins=plugins, autoload=autoload, allow=allow, deny=deny)
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
     if os.environ.get(ENV_TRACE, "") in ("1", "true", "yes"):
@@ -143,16 +143,63 @@ def load(
     return registry
 
 
+def sources_of(
+    local_files: Iterable[str | os.PathLike[str]] = (),
+    *,
+    plugins: Iterable[Any] = (),
+    autoload: bool | None = None,
+    allow: Sequence[str] | None = None,
+    deny: Sequence[str] | None = None,
+) -> list[_Source]:
+    """The plugins :func:`load` would load, in order, without importing any of them."""
+    if autoload is None:
+        autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
+    allow = list(allow) if allow is not None else _patterns(os.environ.get(ENV_ALLOW))
+    deny = list(deny) if deny is not None else _patterns(os.environ.get(ENV_DENY))
+    sources: list[_Source] = _entry_point_sources(allow, deny) if autoload else []
+    for path in local_files:
+        resolved = Path(path).resolve()
+        sources.append(_Source(resolved.stem, f"file {resolved}", "", partial(import_file, resolved),
+                               str(resolved)))
+    for obj in plugins:
+        name = getattr(obj, "__name__", None) or type(obj).__name__
+        sources.append(_Source(name, "in-process", "", partial(_identity, obj)))
+    return sources
+
+
+def _import(registry: Registry, source: _Source) -> tuple[Any, str | None]:
+    """Import one plugin, isolated from everything it may raise or exit with (but Ctrl-C),
+    and time it; a slow import is recorded as a warning naming what it imported."""
+    before = set(sys.modules)
+    started = time.perf_counter()
+    try:
+        obj = source.load()
+    except HarnessError as exc:
+        return None, str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, an exception from a C extension, ...
+        return None, f"failed to import: {_describe(exc)}"
+    seconds = time.perf_counter() - started
+    if seconds > SLOW_IMPORT_S:
+        own = source.module.split(".")[0]
+        heavy = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {own, "harness_plugins"})
+        registry.warnings.append(
+            f"plugin {source.name} takes {seconds:.1f} s to import"
+            + (f" (it imports {', '.join(heavy[:6])}{' ...' if len(heavy) > 6 else ''})" if heavy else "")
+            + ": every command that loads plugins waits for it. Import heavy libraries inside "
+              "the functions that need them."
+        )
+    return obj, None
+
+
 def _load_one(pm: pluggy.PluginManager, registry: Registry, source: _Source) -> str | None:
     """Import, validate and register one plugin; return an error text or None."""
     if pm.has_plugin(source.name):
         return f"another plugin is already loaded under the name '{source.name}'"
-    try:
-        obj = source.load()
-    except HarnessError as exc:
-        return str(exc)
-    except Exception as exc:
-        return f"failed to import: {_describe(exc)}"
+    obj, error = _import(registry, source)
+    if error is not None:
+        return error
     try:
         pm.register(obj, name=source.name)
     except (ValueError, pluggy.PluginValidationError) as exc:
@@ -167,18 +214,19 @@ def _load_one(pm: pluggy.PluginManager, registry: Registry, source: _Source) -> 
         )
 
     staged = []
+    others = [p for p in pm.get_plugins() if p is not obj]
     try:
         for kind in KINDS:
-            caller = getattr(pm.hook, f"harness_register_{kind}")
-            for impl in caller.get_hookimpls():
-                if impl.plugin is not obj:
-                    continue
+            # Through pluggy (its tracing shows the call), for this plugin's implementation only.
+            caller = pm.subset_hook_caller(f"harness_register_{kind}", remove_plugins=others)
 
-                def register(spec: Any, kind: str = kind) -> None:
-                    staged.append(validate_spec(spec, kind, source.name))
+            def register(spec: Any, kind: str = kind) -> None:
+                staged.append(validate_spec(spec, kind, source.name))
 
-                impl.function(register=register)
-    except Exception as exc:
+            caller(register=register)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         pm.unregister(obj)
         return f"failed while registering: {_describe(exc)}"
     for spec in staged:

@@ -7,6 +7,7 @@ hyper-parameter or an incompatible pairing fails before anything is recorded.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from harness.errors import (
     UnknownNameError,
 )
 from harness.params import resolve, to_dict
-from harness.registry import AttentionSpec, ModelSpec, PositionSpec, Registry, TaskSpec
+from harness.registry import ModelSpec, PositionSpec, Registry, SequenceMixerSpec, TaskSpec
 
 #: Attention roles whose keys and values come from another sequence (the encoder's
 #: memory). Position hooks never apply there (see ``harness.nn.attention``), so these roles
@@ -42,17 +43,68 @@ class Component:
 
 
 @dataclass
+class ModelParts:
+    """A model config resolved: the model and the components it is built with."""
+
+    model: Component
+    attention: Component | None = None
+    position: Component | None = None
+    mixer: Component | None = None
+    #: per-role attention overrides (``model.attention_roles``), in the model's role order
+    attention_roles: dict[str, Component] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The model's part of a resolved config (every default filled in)."""
+        model = self.model.as_dict()
+        model["attention"] = self.attention.as_dict() if self.attention else None
+        if self.mixer:
+            model["mixer"] = self.mixer.as_dict()
+        model["position"] = self.position.as_dict() if self.position else None
+        if self.attention_roles:
+            model["attention_roles"] = {r: c.as_dict() for r, c in self.attention_roles.items()}
+        return model
+
+    def components(self) -> dict[str, Component]:
+        """Components by role; an attention override is ``attention.<role>``."""
+        items = {"model": self.model}
+        if self.attention:
+            items["attention"] = self.attention
+        items.update({f"attention.{r}": c for r, c in self.attention_roles.items()})
+        if self.mixer:
+            items["mixer"] = self.mixer
+        if self.position:
+            items["position"] = self.position
+        return items
+
+
+@dataclass
 class Plan:
     """A run config resolved against the registry: specs and validated params."""
 
     config: RunConfig
     task: Component
-    model: Component
-    attention: Component | None
-    position: Component | None
+    parts: ModelParts
     fmt: BatchFormat  # the batch format the model receives
-    #: per-role attention overrides (``model.attention_roles``), in the model's role order
-    attention_roles: dict[str, Component] = field(default_factory=dict)
+
+    @property
+    def model(self) -> Component:
+        return self.parts.model
+
+    @property
+    def attention(self) -> Component | None:
+        return self.parts.attention
+
+    @property
+    def position(self) -> Component | None:
+        return self.parts.position
+
+    @property
+    def mixer(self) -> Component | None:
+        return self.parts.mixer
+
+    @property
+    def attention_roles(self) -> dict[str, Component]:
+        return self.parts.attention_roles
 
     def role_attention(self, role: str) -> Component | None:
         """The attention variant serving ``role``: its override, else the shared one."""
@@ -62,23 +114,12 @@ class Plan:
         """The full config with every default filled in (logged as the run's config)."""
         data = self.config.model_dump(mode="json")
         data["task"] = self.task.as_dict()
-        model = self.model.as_dict()
-        model["attention"] = self.attention.as_dict() if self.attention else None
-        model["position"] = self.position.as_dict() if self.position else None
-        if self.attention_roles:
-            model["attention_roles"] = {r: c.as_dict() for r, c in self.attention_roles.items()}
-        data["model"] = model
+        data["model"] = self.parts.as_dict()
         return data
 
     def components(self) -> dict[str, Component]:
-        """Components by role; an attention override is ``attention.<role>``."""
-        items = {"task": self.task, "model": self.model}
-        if self.attention:
-            items["attention"] = self.attention
-        items.update({f"attention.{r}": c for r, c in self.attention_roles.items()})
-        if self.position:
-            items["position"] = self.position
-        return items
+        """Components by role (task, model, attention, attention.<role>, mixer, position)."""
+        return {"task": self.task, **self.parts.components()}
 
 
 def _component(registry: Registry, kind: str, cfg: ComponentConfig, where: str) -> Component:
@@ -86,37 +127,64 @@ def _component(registry: Registry, kind: str, cfg: ComponentConfig, where: str) 
     return Component(spec, resolve(spec.config, cfg.params, f"{where}.params"))
 
 
-def check_pairing(attention: AttentionSpec, position: PositionSpec) -> None:
-    missing = sorted(position.hooks - attention.position_hooks)
+def check_pairing(layer: SequenceMixerSpec, position: PositionSpec) -> None:
+    """Reject an attention variant or mixer with a position scheme acting at a hook point the
+    layer cannot apply, with the layer's own reason."""
+    hooks = layer.position_hooks or frozenset()
+    missing = sorted((position.hooks or frozenset()) - hooks)
     if missing:
-        reasons = "; ".join(attention.why_not.get(h, f"it does not apply '{h}' hooks") for h in missing)
+        why_not = layer.why_not or {}
+        reasons = "; ".join(why_not.get(h, f"it does not apply '{h}' hooks") for h in missing)
         raise IncompatibleError(
-            f"attention '{attention.name}' cannot be paired with position '{position.name}': "
+            f"{layer.kind} '{layer.name}' cannot be paired with position '{position.name}': "
             f"the scheme acts through {', '.join(missing)} and {reasons}. Pick a position scheme "
-            f"that acts only at {', '.join(sorted(attention.position_hooks)) or 'no hook'}."
+            f"that acts only at {', '.join(sorted(hooks)) or 'no hook'}."
         )
 
 
-def resolve_model(
-    registry: Registry, cfg: ModelConfig
-) -> tuple[Component, Component | None, Component | None, dict[str, Component]]:
-    """The model, attention and position components of a model config and its per-role
-    attention overrides, with defaults filled in and the attention x position pairing
-    checked for every self-attention role."""
+def _with_preset(registry: Registry, cfg: ModelConfig) -> ModelConfig:
+    """The model config with its named preset filled in under the values it sets itself."""
+    if cfg.preset is None:
+        return cfg
+    mspec: ModelSpec = registry.get("model", cfg.name)
+    if cfg.preset not in mspec.presets:
+        close = difflib.get_close_matches(cfg.preset, list(mspec.presets), n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"model.preset: model '{mspec.name}' has no preset '{cfg.preset}'.{hint} Its presets: "
+            f"{', '.join(mspec.presets) or 'none'}."
+        )
+    preset = mspec.presets[cfg.preset]
+    update: dict[str, Any] = {"params": {**preset.get("params", {}), **cfg.params}}
+    for role in ("attention", "mixer", "position"):
+        if getattr(cfg, role) is None and preset.get(role) is not None:
+            update[role] = ComponentConfig.model_validate(preset[role])
+    return cfg.model_copy(update=update)
+
+
+def resolve_model(registry: Registry, cfg: ModelConfig) -> ModelParts:
+    """The components of a model config (its preset and defaults filled in), with the pairing
+    of the position scheme checked against every self-attention role and the mixer."""
+    cfg = _with_preset(registry, cfg)
     model = _component(registry, "model", cfg, "model")
     mspec: ModelSpec = model.spec
-    attention = position = None
-    acfg, pcfg = cfg.attention, cfg.position
+    parts = ModelParts(model)
+    acfg, mcfg, pcfg = cfg.attention, cfg.mixer, cfg.position
+    if mcfg is not None:
+        if not mspec.uses_mixer:
+            raise ConfigError(f"model.mixer: model '{mspec.name}' takes no mixer; remove it"
+                              + (" or use model.attention." if mspec.uses_attention else "."))
+        parts.mixer = _component(registry, "mixer", mcfg, "model.mixer")
     if mspec.uses_attention:
-        if acfg is None and mspec.default_attention:
+        if acfg is None and mcfg is None and mspec.default_attention:
             acfg = ComponentConfig(name=mspec.default_attention)
-        if acfg is None and mspec.attention_required:
+        if acfg is None and mcfg is None and mspec.attention_required:
             raise ConfigError(
                 f"model.attention: model '{mspec.name}' needs an attention variant; add "
                 f"model.attention.name (one of {', '.join(registry.names('attention'))})."
             )
         if acfg is not None:
-            attention = _component(registry, "attention", acfg, "model.attention")
+            parts.attention = _component(registry, "attention", acfg, "model.attention")
     elif acfg is not None:
         raise ConfigError(
             f"model.attention: model '{mspec.name}' takes no attention variant; remove it."
@@ -125,22 +193,31 @@ def resolve_model(
         if pcfg is None and mspec.default_position:
             pcfg = ComponentConfig(name=mspec.default_position)
         if pcfg is not None:
-            position = _component(registry, "position", pcfg, "model.position")
+            parts.position = _component(registry, "position", pcfg, "model.position")
     elif pcfg is not None:
         raise ConfigError(f"model.position: model '{mspec.name}' takes no position scheme; remove it.")
-    roles = resolve_roles(registry, mspec, cfg.attention_roles)
-    if position is not None:  # the variant of every self-attention role (or the only one)
-        uses = {r: roles.get(r, attention) for r in mspec.attention_roles if r not in CROSS_ROLES}
-        for role, comp in (uses if mspec.attention_roles else {"": attention}).items():
-            if comp is None:
-                continue
-            try:
-                check_pairing(comp.spec, position.spec)
-            except IncompatibleError as exc:
-                if role in roles:
-                    raise IncompatibleError(f"model.attention_roles.{role}: {exc}") from None
-                raise
-    return model, attention, position, roles
+    parts.attention_roles = resolve_roles(registry, mspec, cfg.attention_roles)
+    if parts.position is not None:
+        _check_pairings(mspec, parts)
+    return parts
+
+
+def _check_pairings(mspec: ModelSpec, parts: ModelParts) -> None:
+    """The position scheme against the variant of every self-attention role and the mixer."""
+    assert parts.position is not None
+    roles = parts.attention_roles
+    uses = {r: roles.get(r, parts.attention) for r in mspec.attention_roles if r not in CROSS_ROLES}
+    layers = dict(uses) if mspec.attention_roles else {"": parts.attention}
+    layers["mixer"] = parts.mixer
+    for role, comp in layers.items():
+        if comp is None:
+            continue
+        try:
+            check_pairing(comp.spec, parts.position.spec)
+        except IncompatibleError as exc:
+            if role in roles:
+                raise IncompatibleError(f"model.attention_roles.{role}: {exc}") from None
+            raise
 
 
 def resolve_roles(
@@ -176,10 +253,10 @@ def resolve_roles(
 
 def plan(config: RunConfig, registry: Registry) -> Plan:
     task = _component(registry, "task", config.task, "task")
-    model, attention, position, roles = resolve_model(registry, config.model)
+    parts = resolve_model(registry, config.model)
     tspec: TaskSpec = task.spec
-    fmt = batch_format(tspec.task_kind, model.spec.task_kinds, model.name, tspec.name)
-    return Plan(config, task, model, attention, position, fmt, roles)
+    fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
+    return Plan(config, task, parts, fmt)
 
 
 def _user_error(what: str, exc: Exception) -> HarnessError:
@@ -202,7 +279,7 @@ def task_info(p: Plan, task: Task) -> TaskInfo:
 
 
 def build_model(p: Plan, info: TaskInfo) -> Any:
-    return build_model_from(p.model, p.attention, p.position, info, p.attention_roles)
+    return build_model_from(p.parts, info)
 
 
 def attention_factory(
@@ -231,24 +308,29 @@ def attention_factory(
     return attention
 
 
-def build_model_from(
-    model: Component, attn: Component | None, pos: Component | None, info: TaskInfo,
-    roles: dict[str, Component] | None = None,
-) -> Any:
-    """Build a model with factories for its attention variants (shared and per role) and
-    position scheme."""
-    attention = attention_factory(model, attn, roles or {})
-    position = None
-    if pos is not None:
-        pspec, pparams = pos.spec, pos.params
+def _factory(comp: Component | None) -> Any:
+    """``build(**context)`` of a component with its params bound; None without one."""
+    if comp is None:
+        return None
+    return functools.partial(comp.spec.build, comp.params)
 
-        def position(**kwargs: Any) -> Any:
-            return pspec.build(pparams, **kwargs)
 
+def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
+    """Build a model with factories for its attention variants (shared and per role), its
+    mixer and its position scheme."""
+    model = parts.model
+    kwargs: dict[str, Any] = {
+        "task": info, "attention": attention_factory(model, parts.attention, parts.attention_roles),
+        "position": _factory(parts.position),
+    }
+    if model.spec.uses_mixer:
+        mixer = _factory(parts.mixer)
+        kwargs["mixer"] = None if mixer is None else (
+            lambda d_model, num_heads: mixer(d_model=d_model, num_heads=num_heads))
     try:
-        return model.spec.build(model.params, task=info, attention=attention, position=position)
+        return model.spec.build(model.params, **kwargs)
     except (ValueError, TypeError) as exc:
-        raise _user_error(f"model '{model.name}' (with its attention and position)", exc) from None
+        raise _user_error(f"model '{model.name}' (with its {', '.join(parts.components())})", exc) from None
 
 
 def count_parameters(model: Any) -> int:
