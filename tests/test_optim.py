@@ -61,3 +61,13 @@ def test_a_bad_recipe_names_the_field():
                          ({"betas": [0.9, 1.5]}, "train.betas"), ({"min_lr_ratio": 2}, "train.min_lr_ratio")):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             parse_run_config({**base, "train": train})
+
+
+def test_parameters_marked_no_weight_decay_are_spared():
+    lin = torch.nn.Linear(4, 4)
+    a_log = torch.nn.Parameter(torch.zeros(4, 8))
+    a_log._no_weight_decay = True  # type: ignore[attr-defined]
+    model = torch.nn.Module()
+    model.lin, model.A_log = lin, a_log
+    opt, _ = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    assert [p is a_log for p in opt.param_groups[1]["params"]].count(True) == 1

@@ -42,7 +42,7 @@ def build(p: Plan) -> Built:
 
 
 def _user_error(what: str, exc: Exception) -> HarnessError:
-    return ConfigError(f"{what} could not be built: {exc}. Check its params.")
+    return ConfigError(f"{what} could not be built: {str(exc).rstrip('.')}. Check its params.")
 
 
 def build_task(p: Plan, seed: int) -> Task:

@@ -3,7 +3,9 @@ in a study like any other training setting, and logged with the run's config.
 
 Optimisers (``train.optimizer``): ``adamw`` (decoupled weight decay, Loshchilov & Hutter 2019),
 ``adam`` (weight decay as an L2 term in the gradient, Kingma & Ba 2015), ``sgd`` (heavy-ball
-momentum ``train.momentum``). Weight decay never applies to biases, norms' gains or embeddings.
+momentum ``train.momentum``). Weight decay never applies to biases, norms' gains, embeddings,
+or parameters a module marks ``param._no_weight_decay = True`` (the convention of the Mamba
+and S4 reference code for state-space parameters such as A and Δ).
 
 Schedules (``train.schedule``), each a factor of ``train.lr`` at optimizer step ``s`` after a
 linear warm-up over the first ``W = train.warmup_steps`` steps (factor (s + 1) / W), with
@@ -43,7 +45,10 @@ def lr_factor(step: int, *, schedule: str, warmup: int, total: int, min_ratio: f
 
 
 def decays(name: str, param: Any) -> bool:
-    """Whether weight decay applies: matrices only, not embeddings or norms' gains."""
+    """Whether weight decay applies: matrices only, not embeddings, norms' gains or parameters
+    marked ``_no_weight_decay``."""
+    if getattr(param, "_no_weight_decay", False):
+        return False
     return param.dim() >= 2 and "embed" not in name and "norm" not in name
 
 
