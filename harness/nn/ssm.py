@@ -25,11 +25,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Gt, Le, Lt
 from torch import Tensor, nn
 
+from harness.params import Choice, FloatRange
+
 DIAGONAL_INITS = ("lin", "inv")
+
+
+@dataclass
+class DiagonalSSMConfig:
+    """The hyper-parameters of a diagonal SSM (defaults: the S4D paper's, N scaled to small models)."""
+
+    # N: real state size per channel (N/2 complex-conjugate pairs); even.
+    d_state: Annotated[int, Ge(2), Le(1024), Choice((8, 16, 32, 64))] = 16
+    init: Annotated[str, Choice(DIAGONAL_INITS)] = "lin"  # S4D-Lin or S4D-Inv imaginary parts
+    dt_min: Annotated[float, Gt(0), Lt(1), FloatRange(1e-4, 5e-3, log=True)] = 1e-3
+    dt_max: Annotated[float, Gt(0), Le(10), FloatRange(2e-2, 1.0, log=True)] = 1e-1
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -67,9 +83,9 @@ class DiagonalSSM(nn.Module):
     """``channels`` independent diagonal SSMs (S4D) of real state size ``d_state``: the
     convolution kernel for full sequences, the discretised recurrence for decoding."""
 
-    def __init__(self, channels: int, d_state: int, *, init: str = "lin",
-                 dt_min: float = 1e-3, dt_max: float = 1e-1) -> None:
+    def __init__(self, channels: int, config: DiagonalSSMConfig) -> None:
         super().__init__()
+        d_state, init, dt_min, dt_max = config.d_state, config.init, config.dt_min, config.dt_max
         if d_state < 2 or d_state % 2:
             raise ValueError(f"d_state ({d_state}) must be even and >= 2: the state is N/2 "
                              "complex-conjugate pairs")

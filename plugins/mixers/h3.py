@@ -47,25 +47,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn.ssm import DIAGONAL_INITS, DiagonalSSM, causal_fft_conv
-from harness.plugin import (
-    Choice,
-    Complexity,
-    FloatRange,
-    Ge,
-    Gt,
-    Le,
-    Lt,
-    Mixer,
-    MixerSpec,
-    hookimpl,
-)
+from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv
+from harness.plugin import Complexity, Mixer, MixerSpec, hookimpl
 
 WHY_NOT = {
     "qk": "H3's queries and keys never meet in a score (they interact only through its SSMs), so a rotation has nothing to act on",
@@ -74,12 +63,9 @@ WHY_NOT = {
 
 
 @dataclass
-class H3Config:
-    # N: the diagonal SSM's real state size (N/2 conjugate pairs) and the shift register's length.
-    d_state: Annotated[int, Ge(2), Le(1024), Choice((8, 16, 32, 64))] = 16
-    init: Annotated[str, Choice(DIAGONAL_INITS)] = "lin"  # S4D-Lin or S4D-Inv
-    dt_min: Annotated[float, Gt(0), Lt(1), FloatRange(1e-4, 5e-3, log=True)] = 1e-3
-    dt_max: Annotated[float, Gt(0), Le(10), FloatRange(2e-2, 1.0, log=True)] = 1e-1
+class H3Config(DiagonalSSMConfig):
+    """d_state (N) is both the diagonal SSM's real state size and the shift register's length;
+    init (lin | inv), dt_min and dt_max set up the diagonal SSM."""
 
 
 class H3(Mixer):
@@ -100,8 +86,7 @@ class H3(Mixer):
         bound = 1 / math.sqrt(config.d_state)  # the reference's Conv1d-like init of C^shift
         self.shift_c = nn.Parameter(torch.empty(d_model, config.d_state).uniform_(-bound, bound))
         self.shift_skip = nn.Parameter(torch.randn(d_model))
-        self.ssm = DiagonalSSM(num_heads, config.d_state, init=config.init,
-                               dt_min=config.dt_min, dt_max=config.dt_max)
+        self.ssm = DiagonalSSM(num_heads, config)
         self.skip = nn.Parameter(torch.randn(num_heads))
         self.output = nn.Linear(d_model, d_model)
 

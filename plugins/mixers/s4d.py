@@ -42,19 +42,8 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.nn.ssm import DIAGONAL_INITS, DiagonalSSM, causal_fft_conv
-from harness.plugin import (
-    Choice,
-    Complexity,
-    FloatRange,
-    Ge,
-    Gt,
-    Le,
-    Lt,
-    Mixer,
-    MixerSpec,
-    hookimpl,
-)
+from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv
+from harness.plugin import Complexity, FloatRange, Ge, Lt, Mixer, MixerSpec, hookimpl
 
 WHY_NOT = {
     "qk": "S4D forms no queries or keys to rotate (it convolves each channel with an SSM kernel)",
@@ -63,12 +52,7 @@ WHY_NOT = {
 
 
 @dataclass
-class S4DConfig:
-    # N: real state size per channel (N/2 complex-conjugate pairs); even.
-    d_state: Annotated[int, Ge(2), Le(1024), Choice((8, 16, 32, 64))] = 16
-    init: Annotated[str, Choice(DIAGONAL_INITS)] = "lin"  # S4D-Lin or S4D-Inv imaginary parts
-    dt_min: Annotated[float, Gt(0), Lt(1), FloatRange(1e-4, 5e-3, log=True)] = 1e-3
-    dt_max: Annotated[float, Gt(0), Le(10), FloatRange(2e-2, 1.0, log=True)] = 1e-1
+class S4DConfig(DiagonalSSMConfig):  # d_state (N), init (lin | inv), dt_min, dt_max
     dropout: Annotated[float, Ge(0), Lt(1), FloatRange(0.0, 0.3)] = 0.0  # after the GELU
 
 
@@ -80,8 +64,7 @@ class S4D(Mixer):
 
     def __init__(self, config: S4DConfig, *, d_model: int, num_heads: int) -> None:
         super().__init__(d_model, num_heads)
-        self.ssm = DiagonalSSM(d_model, config.d_state, init=config.init,
-                               dt_min=config.dt_min, dt_max=config.dt_max)
+        self.ssm = DiagonalSSM(d_model, config)
         self.skip = nn.Parameter(torch.randn(d_model))  # D
         self.activation = nn.GELU()
         self.dropout = nn.Dropout(config.dropout)
