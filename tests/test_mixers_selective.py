@@ -133,32 +133,41 @@ def test_mamba2_parallel_form_matches_the_paper_recurrence_in_float64(chunk):
     torch.testing.assert_close(out, mamba2_reference(m, x), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
 @pytest.mark.parametrize("chunk", CHUNKS)
-def test_the_chunked_scans_carry_a_state_through_strong_decays(chunk):
+def test_the_chunked_scans_and_their_gradients_carry_a_state_through_strong_decays(chunk, parallel):
     """The scans alone, from a random initial state, with Δ A from ~0 to ~-100 per step (products
-    of decays that underflow a cumulative-sum shortcut): outputs and final states are exact."""
+    of decays that underflow a cumulative-sum shortcut): outputs, final states and the closed-form
+    gradients of Mamba's scan (either algorithm within a chunk) equal the loop's."""
     g = torch.Generator().manual_seed(chunk)
     b, d, n = 2, 3, 4
     u, B, C = (torch.randn(b, L, k, generator=g, dtype=F64) for k in (d, n, n))
     delta = torch.exp(torch.empty(b, L, d, dtype=F64).uniform_(-7, 2, generator=g))
     A = -torch.rand(d, n, generator=g, dtype=F64) * 16
     h0 = torch.randn(b, d, n, generator=g, dtype=F64)
-    y_ref, h_ref = recurrence(u, delta, A, B, C, h0)
-    y, h = selective_scan(u, delta, A, B, C, h0, chunk)
+    inputs = [t.requires_grad_() for t in (u, delta, A, B, C, h0)]
+    w_y, w_h = torch.randn(b, L, d, generator=g, dtype=F64), torch.randn(b, d, n, generator=g, dtype=F64)
+    y_ref, h_ref = recurrence(*inputs)
+    y, h = selective_scan(*inputs, chunk, parallel=parallel)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(h, h_ref, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad((y * w_y).sum() + (h * w_h).sum(), inputs)
+    ref = torch.autograd.grad((y_ref * w_y).sum() + (h_ref * w_h).sum(), inputs)
+    for name, got, want in zip(("u", "delta", "A", "B", "C", "h0"), grads, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=lambda m, p=name: f"{p}: {m}")
 
     # SSD: 2 heads of P = 3 in one group, scalar A per head: the recurrence with A = a I
-    a = A[:2, 0]
-    x = torch.randn(b, L, 2, 3, generator=g, dtype=F64)
-    dt = delta[..., :2]
-    h0 = torch.randn(b, 2, 3, n, generator=g, dtype=F64)
-    y, h = ssd(x, dt, a, B.unsqueeze(2), C.unsqueeze(2), h0, chunk)
-    for head in range(2):
-        y_ref, h_ref = recurrence(x[:, :, head], dt[:, :, head, None].expand(-1, -1, 3),
-                                  a[head].expand(3, n), B, C, h0[:, head])
-        torch.testing.assert_close(y[:, :, head], y_ref, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(h[:, head], h_ref, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        a = A[:2, 0]
+        x = torch.randn(b, L, 2, 3, generator=g, dtype=F64)
+        dt = delta[..., :2]
+        h0 = torch.randn(b, 2, 3, n, generator=g, dtype=F64)
+        y, h = ssd(x, dt, a, B.unsqueeze(2), C.unsqueeze(2), h0, chunk)
+        for head in range(2):
+            y_ref, h_ref = recurrence(x[:, :, head], dt[:, :, head, None].expand(-1, -1, 3),
+                                      a[head].expand(3, n), B, C, h0[:, head])
+            torch.testing.assert_close(y[:, :, head], y_ref, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(h[:, head], h_ref, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", MIXERS)

@@ -1,7 +1,9 @@
 """Pieces shared by the selective state-space mixers (Mamba and Mamba-2, in
-``plugins/mixers/mamba.py`` and ``plugins/mixers/mamba2.py``): the short causal depthwise
-convolution that carries its last inputs across decoding calls, the initialisation of the
-step size Δ, and the precision their scans run in.
+``plugins/mixers/mamba.py`` and ``plugins/mixers/mamba2.py``): their common
+hyper-parameters, a base class whose parallel and recurrent forms are one computation from
+an empty or a cached state, the short causal depthwise convolution that carries its last
+inputs across decoding calls, the initialisation of the step size Δ, and the precision
+their scans run in.
 
 Both follow the reference implementation, ``state-spaces/mamba``
 (``mamba_ssm/modules/mamba_simple.py`` and ``mamba_ssm/modules/mamba2_simple.py``).
@@ -10,10 +12,48 @@ Both follow the reference implementation, ``state-spaces/mamba``
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Gt
 from torch import Tensor, nn
+
+from harness.nn.mixer import Mixer
+from harness.params import Choice, IntRange
+
+
+@dataclass
+class SelectiveConfig:
+    """The hyper-parameters Mamba and Mamba-2 share (each adds its state size and more)."""
+
+    expand: Annotated[int, Ge(1), Choice((1, 2, 4))] = 2  # E: inner channels = E * d_model
+    d_conv: Annotated[int, Ge(1), IntRange(2, 4)] = 4  # width of the causal depthwise conv
+    dt_min: Annotated[float, Gt(0.0)] = 0.001  # initial Δ is log-uniform in [dt_min, dt_max]
+    dt_max: Annotated[float, Gt(0.0)] = 0.1
+    conv_bias: bool = True
+    bias: bool = False  # biases of in_proj and out_proj
+    chunk_size: Annotated[int, Ge(1)] = 64  # positions per chunk of the scan (speed/memory only)
+
+    def __post_init__(self) -> None:
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max}).")
+
+
+class SelectiveMixer(Mixer):
+    """A mixer whose parallel form is its recurrent form from an empty state: subclasses
+    implement ``run(x, state)``, which continues from ``state`` (empty at a sequence's start)
+    and updates it; the state of a full pass is discarded."""
+
+    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
+        return self.run(x, {})
+
+    def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
+        return self.run(x, state)
+
+    def run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
+        raise NotImplementedError
 
 
 def scan_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -57,8 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn.selective import CausalDepthwiseConv, full_precision, scan_dtype, step_size_bias
-from harness.plugin import Choice, Complexity, Ge, Gt, IntRange, Mixer, MixerSpec, hookimpl
+from harness.nn import selective
+from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, hookimpl
 
 WHY_NOT = {
     "qk": "Mamba-2's C and B act as queries and keys only in its dual (attention-like) form; "
@@ -68,23 +68,15 @@ WHY_NOT = {
 
 
 @dataclass
-class Mamba2Config:
+class Mamba2Config(selective.SelectiveConfig):  # + expand, d_conv, dt range, biases, chunk_size
     d_state: Annotated[int, Ge(1), Choice((16, 32, 64, 128))] = 64  # N
-    expand: Annotated[int, Ge(1), Choice((1, 2, 4))] = 2  # E: inner channels = E * d_model
     headdim: Annotated[int, Ge(1), Choice((16, 32, 64))] = 32  # P; heads = E * d_model / P
     ngroups: Annotated[int, Ge(1)] = 1  # G: groups of heads sharing B and C
-    d_conv: Annotated[int, Ge(1), IntRange(2, 4)] = 4  # width of the causal depthwise conv
     A_init_min: Annotated[float, Gt(0.0)] = 1.0  # -A is initialised uniform in [min, max]
     A_init_max: Annotated[float, Gt(0.0)] = 16.0
-    dt_min: Annotated[float, Gt(0.0)] = 0.001  # initial Δ is log-uniform in [dt_min, dt_max]
-    dt_max: Annotated[float, Gt(0.0)] = 0.1
-    conv_bias: bool = True
-    bias: bool = False  # biases of in_proj and out_proj
-    chunk_size: Annotated[int, Ge(1)] = 64  # Q: positions per SSD chunk (speed/memory only)
 
     def __post_init__(self) -> None:
-        if self.dt_min > self.dt_max:
-            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max}).")
+        super().__post_init__()
         if self.A_init_min > self.A_init_max:
             raise ValueError(f"A_init_min ({self.A_init_min}) must not exceed A_init_max ({self.A_init_max}).")
 
@@ -152,9 +144,9 @@ class GatedRMSNorm(nn.Module):
         return groups.flatten(-2) * self.weight.to(y.dtype)
 
 
-class Mamba2(Mixer):
+class Mamba2(selective.SelectiveMixer):
     """Mamba-2 (Dao & Gu, 2024): a selective state-space model with one scalar decay per head,
-    computed chunk-wise by state-space duality (use with ``mlp: none`` for the paper's stack)."""
+    computed chunk-wise by state-space duality (use with mlp: none for the paper's stack)."""
 
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding"})
@@ -177,29 +169,23 @@ class Mamba2(Mixer):
         self.chunk_size = config.chunk_size
         self.conv_dim = self.d_inner + 2 * self.ngroups * self.d_state
         self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=config.bias)
-        self.conv1d = CausalDepthwiseConv(self.conv_dim, config.d_conv, bias=config.conv_bias)
-        self.dt_bias = nn.Parameter(step_size_bias(self.nheads, config.dt_min, config.dt_max))
+        self.conv1d = selective.CausalDepthwiseConv(self.conv_dim, config.d_conv, bias=config.conv_bias)
+        self.dt_bias = nn.Parameter(selective.step_size_bias(self.nheads, config.dt_min, config.dt_max))
         minus_A = torch.empty(self.nheads, dtype=torch.float32).uniform_(config.A_init_min, config.A_init_max)
         self.A_log = nn.Parameter(torch.log(minus_A))
         self.D = nn.Parameter(torch.ones(self.nheads))
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.ngroups)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=config.bias)
 
-    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
-        return self._run(x, {})
-
-    def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
-        return self._run(x, state)
-
-    def _run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
+    def run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
         """Continue from ``state`` (``conv``, ``ssm``; empty: a sequence's start) over x."""
         b, length = x.shape[:2]
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
         xBC, state["conv"] = self.conv1d(xBC, state.get("conv"))
         gn = self.ngroups * self.d_state
         xs, B, C = F.silu(xBC).split([self.d_inner, gn, gn], dim=-1)
-        f = scan_dtype(x.dtype)
-        with full_precision(x.device):
+        f = selective.scan_dtype(x.dtype)
+        with selective.full_precision(x.device):
             xs = xs.to(f).view(b, length, self.nheads, self.headdim)
             delta = F.softplus(dt.to(f) + self.dt_bias.to(f))
             A = -torch.exp(self.A_log.to(f))
