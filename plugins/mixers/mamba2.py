@@ -158,13 +158,13 @@ class Mamba2(selective.SelectiveMixer):
         if self.d_inner % config.headdim:
             raise ValueError(
                 f"mamba2: headdim ({config.headdim}) must divide expand * d_model "
-                f"({config.expand} * {d_model} = {self.d_inner}); set mixer.params.headdim to a divisor.")
+                f"({config.expand} * {d_model} = {self.d_inner}); set model.mixer.params.headdim to one of its divisors")
         self.headdim = config.headdim
         self.nheads = self.d_inner // config.headdim
         if self.nheads % config.ngroups:
             raise ValueError(
                 f"mamba2: ngroups ({config.ngroups}) must divide the number of heads "
-                f"({self.nheads} = expand * d_model / headdim); set mixer.params.ngroups to a divisor.")
+                f"({self.nheads} = expand * d_model / headdim); set model.mixer.params.ngroups to one of its divisors")
         self.ngroups, self.d_state, self.d_conv = config.ngroups, config.d_state, config.d_conv
         self.chunk_size = config.chunk_size
         self.conv_dim = self.d_inner + 2 * self.ngroups * self.d_state
