@@ -34,9 +34,10 @@ multiply-add per position on cache-sized slices (faster there); the state at the
 end is carried into the next chunk. The forward pass keeps only the outputs and the state
 entering each chunk; the backward pass recomputes one chunk at a time from its entering state
 and runs the reversed recurrence of the gradient in closed form (as the reference's fused
-kernel recomputes), so training memory is linear in L:
-O(L (E·d + N) + (L / chunk_size) E·d N) plus one chunk's work space, never (B, L, E·d, N). Time O(L E·d N log chunk_size). The scan runs in float32 (float64 for
-float64 inputs), outside autocast.
+kernel recomputes), so training memory is linear in L: O(L (E·d + N) + (L / chunk_size) E·d N)
+plus one chunk's work space, never (B, L, E·d, N). Time O(L E·d N) (times log2(chunk_size)
+for the parallel in-chunk scan). The scan runs in float32 (float64 for float64 inputs),
+outside autocast.
 
 Recurrent form (decoding): the cache keeps the conv state (the last d_conv - 1 inputs of the
 conv, E·d each) and the SSM state h (E·d × N); each token costs O(1) in L, and a chunk of
