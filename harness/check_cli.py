@@ -81,9 +81,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise HarnessError(f"nothing to check: no component{what} is registered"
                            + (" by the --plugin files." if files else "."))
     _check_names(args.check, {spec.kind for spec in specs})
+    params = _params(args.set, specs)
     failed, total = [], 0
     for spec in specs:
-        cls = testing.checks_for(spec.kind, spec.name, plugin_files=files, _kit_registry=registry)
+        cls = testing.checks_for(spec.kind, spec.name, plugin_files=files, params=params,
+                                 _kit_registry=registry)
         started = time.perf_counter()
         outcomes = list(run_checks(cls, only=args.check or None))
         total += len(outcomes)
@@ -93,6 +95,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdict = f"FAILED: {', '.join(failed)}" if failed else "all checks pass"
     print(f"\n{len(specs)} component(s), {total} checks: {verdict}")
     return 1 if failed or broken else 0
+
+
+def _params(pairs: list[str], specs: list[Any]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` hyper-parameters (YAML values), validated for every component."""
+    import yaml
+
+    from harness.params import resolve
+
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise HarnessError(f"--set {pair}: expected NAME=VALUE, e.g. --set window=4")
+        params[name.strip()] = yaml.safe_load(value)
+    for spec in specs:
+        resolve(spec.config, params, f"--set for {spec.kind} '{spec.name}'")
+    return params
 
 
 def _check_names(names: list[str], kinds: set[str]) -> None:
@@ -120,5 +139,7 @@ def add_parsers(sub: Any) -> None:
                    help="load a local plugin file; without names, check what it registers (repeatable)")
     p.add_argument("--check", action="append", default=[], metavar="CHECK",
                    help="run only this check (repeatable), e.g. --check causality")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="check with this hyper-parameter value (repeatable), e.g. --set window=4")
     p.add_argument("--verbose", "-v", action="store_true", help="show each check's time")
     p.set_defaults(handler=cmd_check)

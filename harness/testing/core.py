@@ -103,9 +103,7 @@ class Checks:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for attr, fn in list(vars(cls).items()):
-            if attr.startswith(PREFIX) and callable(fn):
-                setattr(cls, "test_" + attr[len(PREFIX):], _pytest_method(attr[len(PREFIX):], fn))
+        _add_tests(cls)
 
     # -- what is checked --------------------------------------------------------------
     @classmethod
@@ -202,6 +200,13 @@ class Checks:
         raise NotImplementedError
 
 
+def _add_tests(cls: type[Checks]) -> None:
+    """A pytest method ``test_<name>`` for each ``check_<name>`` the class defines."""
+    for attr, fn in list(vars(cls).items()):
+        if attr.startswith(PREFIX) and callable(fn):
+            setattr(cls, "test_" + attr[len(PREFIX):], _pytest_method(attr[len(PREFIX):], fn))
+
+
 def _pytest_method(name: str, fn: Callable[..., Any]) -> Callable[[Checks], None]:
     def test(self: Checks) -> None:
         import pytest
@@ -217,6 +222,9 @@ def _pytest_method(name: str, fn: Callable[..., Any]) -> Callable[[Checks], None
     test.__name__ = test.__qualname__ = f"test_{name}"
     test.__doc__ = fn.__doc__
     return test
+
+
+_add_tests(Checks)
 
 
 def first_line(exc: BaseException) -> str:
