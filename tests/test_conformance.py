@@ -280,3 +280,58 @@ def test_a_numeric_hyper_parameter_without_bounds_is_named():
     outcome = {o.check: o for o in run_checks(broken("attention", AttentionSpec(name="t", build=Tempered)))}
     assert outcome["bounds"].status == FAIL and "temperature (float)" in outcome["bounds"].detail
     assert "gain" not in outcome["bounds"].detail
+
+
+# -- harness check ------------------------------------------------------------------------------
+LEAKY_FILE = '''
+from harness.plugin import Attention, AttentionConfig, AttentionSpec, hookimpl
+
+
+class Leaky(Attention):
+    """Attends to every key, even when asked to be causal."""
+
+    def __init__(self, config: AttentionConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
+
+    def score(self, q, k):
+        return q @ k.transpose(-2, -1)
+
+    def attend(self, q, k, v, *, causal, **kwargs):
+        return super().attend(q, k, v, causal=False, **kwargs)
+
+
+@hookimpl
+def harness_register_attention(register):
+    register(AttentionSpec(name="leaky", build=Leaky, exempt={"row_stochastic": "not really"}))
+'''
+
+
+def test_check_prints_a_table_per_component_and_exits_1_on_a_failure(tmp_path, capsys):
+    from harness.cli import main
+
+    plugin = tmp_path / "leaky.py"
+    plugin.write_text(LEAKY_FILE)
+    assert main(["check", "--plugin", str(plugin)]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line.split()[0] for line in out.splitlines() if line.startswith("  ") and
+            not line.startswith("  ->")}
+    assert rows["causality"] == "FAIL" and rows["shapes"] == "ok" and rows["row_stochastic"] == "exempt"
+    assert "exempt row_stochastic" in " ".join(out.split()) and "not really" in out
+    assert "reads the future" in out and "FAILED: attention leaky" in out
+    assert main(["check", "--plugin", str(plugin), "--check", "shapes", "--check", "padding"]) == 0
+    out = capsys.readouterr().out
+    assert "2 checks: all checks pass" in out
+
+
+def test_check_by_name_kind_and_all(capsys):
+    from harness.cli import main
+
+    assert main(["check", "parity_nope"]) == 2
+    assert main(["check", "multi_head", "--check", "causalty"]) == 2
+    assert "Did you mean 'causality'" in " ".join(capsys.readouterr().err.split())
+    assert main(["check", "--all", "--kind", "task", "--check", "vocabulary"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\ntask ") + out.startswith("task ") == len(testing.core.base_registry().names("task"))
+    assert main(["check", "sliding_window", "--set", "window=3", "--check", "causality"]) == 0
+    assert main(["check", "sliding_window", "--set", "windw=3"]) == 2
+    assert "did you mean 'window'" in " ".join(capsys.readouterr().err.split())
