@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from harness.errors import HarnessError, UnknownNameError
+from harness.registry import KINDS
 
-KINDS = ("attention", "mixer", "position", "model", "task")
 MARKS = {"pass": "ok", "FAIL": "FAIL", "exempt": "exempt", "n/a": "n/a"}
 
 

@@ -16,8 +16,8 @@ from string import Template
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError
+from harness.registry import KINDS
 
-KINDS = ("attention", "mixer", "position", "model", "task")
 NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 _HEAD = '''"""``$name``: $summary
