@@ -335,3 +335,22 @@ def test_check_by_name_kind_and_all(capsys):
     assert main(["check", "sliding_window", "--set", "window=3", "--check", "causality"]) == 0
     assert main(["check", "sliding_window", "--set", "windw=3"]) == 2
     assert "did you mean 'window'" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_reference_that_disagrees_fails_the_reference_check():
+    import dataclasses
+
+    cosine = _examples["TestExample_attention_cosine"].spec
+    wrong = cosine.reference
+
+    def transposed_causality(layer, x, *, causal):
+        return wrong(layer, x, causal=not causal)
+
+    spec = dataclasses.replace(cosine, reference=transposed_causality)
+    outcome = {o.check: o for o in run_checks(broken("attention", spec))}["reference"]
+    assert outcome.status == FAIL and "differs from its float64 reference" in outcome.detail
+
+    parity = _examples["TestExample_task_parity"].spec
+    spec = dataclasses.replace(parity, reference=lambda task, e: not parity.reference(task, e))
+    outcome = {o.check: o for o in run_checks(broken("task", spec))}["reference"]
+    assert outcome.status == FAIL and "is wrong according to the reference" in outcome.detail
