@@ -9,6 +9,7 @@ fix makes the xfail pass, which fails the suite until its entry is removed.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,27 +284,12 @@ def test_a_numeric_hyper_parameter_without_bounds_is_named():
 
 
 # -- harness check ------------------------------------------------------------------------------
-LEAKY_FILE = '''
-from harness.plugin import Attention, AttentionConfig, AttentionSpec, hookimpl
-
-
-class Leaky(Attention):
-    """Attends to every key, even when asked to be causal."""
-
-    def __init__(self, config: AttentionConfig, *, d_model: int, num_heads: int) -> None:
-        super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
-
-    def score(self, q, k):
-        return q @ k.transpose(-2, -1)
-
-    def attend(self, q, k, v, *, causal, **kwargs):
-        return super().attend(q, k, v, causal=False, **kwargs)
-
-
-@hookimpl
-def harness_register_attention(register):
-    register(AttentionSpec(name="leaky", build=Leaky, exempt={"row_stochastic": "not really"}))
-'''
+LEAKY_FILE = (
+    "from harness.plugin import Attention, AttentionConfig, AttentionSpec, hookimpl\n\n\n"
+    + inspect.getsource(LeakyAttention)
+    + "\n\n@hookimpl\ndef harness_register_attention(register):\n"
+    "    register(AttentionSpec(name='leaky', build=LeakyAttention, exempt={'row_stochastic': 'not really'}))\n"
+)
 
 
 def test_check_prints_a_table_per_component_and_exits_1_on_a_failure(tmp_path, capsys):
