@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge
+
 from harness.errors import IncompatibleError
 from harness.params import IntRange
 
@@ -68,10 +70,10 @@ class Vocab:
 class TaskConfig:
     """Fields every task config has; a task's config subclasses this one."""
 
-    length: Annotated[int, IntRange(4, 4096, log=True)] = 16
+    length: Annotated[int, Ge(1), IntRange(4, 4096, log=True)] = 16
     eval_lengths: tuple[int, ...] = ()
-    num_train: int = 10_000
-    num_val: int = 500
+    num_train: Annotated[int, Ge(1)] = 10_000
+    num_val: Annotated[int, Ge(1)] = 500
 
     def __post_init__(self) -> None:
         if self.length < 1:

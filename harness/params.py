@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -120,6 +121,8 @@ def _number_type(tp: Any) -> type | None:
         return None
     if tp in (int, float):
         return typing.cast(type, tp)
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None  # tuple[int, ...] is not a number
     for arg in typing.get_args(tp):
         if arg in (int, float):
             return typing.cast(type, arg)
@@ -197,7 +200,8 @@ def check_defaults(config: type, owner: str) -> None:
     for p in params:  # every value a study may sample must lie within the bounds
         if p.range is None or not p.bounds:
             continue
-        check: Any = TypeAdapter(typing.Annotated[(p.type, *p.bounds)])  # type: ignore[arg-type]
+        annotated: Any = typing.Annotated[(p.type, *p.bounds)]  # type: ignore[valid-type]
+        check: Any = TypeAdapter(annotated)
         ends = list(p.range.options) if isinstance(p.range, Choice) else [p.range.low, p.range.high]
         for value in ends:
             try:
