@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from test_attention_reference import LargestTensor  # one home for the memory probe
 
 import harness
 from harness.errors import ConfigError, IncompatibleError
@@ -43,6 +42,25 @@ def merge(t):
 
 def qkv(layer, x):
     return split(lin(x, layer.q_proj)), split(lin(x, layer.k_proj)), split(lin(x, layer.v_proj))
+
+
+def assert_agrees(out, ref, inputs):
+    """Outputs, and gradients with respect to ``inputs``, equal in float64."""
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum(), inputs, allow_unused=True)
+    want = torch.autograd.grad((ref * g).sum(), inputs, allow_unused=True)
+    for a, b in zip(got, want, strict=True):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def assert_weights_give_the_output(layer, x, out, **kw):
+    """The weights a full pass logs are row-stochastic and the pass that forms them (the
+    explicit path) gives the same output."""
+    full, weights = layer(x, need_weights=True, **kw)
+    torch.testing.assert_close(full, out, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(*weights.shape[:-1], dtype=F64))
 
 
 def decode(layer, x, sizes, position=None):
@@ -89,21 +107,6 @@ class RopeAlibi(Rope):
         return -(slopes[:, None, None] * distance)[None].to(q.dtype)
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation produces (forward and backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 # == Performer ===================================================================================
 def favor_reference(layer, x, causal, kpm=None, position=None):
     """FAVOR+ from the paper: φ(x) = m^-1/2 exp(ωᵀx' - |x'|²/2), x' = x d^-1/4, with the layer's
@@ -140,12 +143,7 @@ def test_performer_matches_the_random_feature_formula_in_float64(registry, causa
         kpm[1, 8:] = True
     out, _ = layer(x, causal=causal, key_padding_mask=kpm, position=Rope())
     ref = favor_reference(layer, x, causal, kpm, Rope())
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad((out * g).sum(), [x, layer.q_proj.weight])
-    want = torch.autograd.grad((ref * g).sum(), [x, layer.q_proj.weight])
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    assert_agrees(out, ref, [x, *layer.parameters()])
 
 
 def test_performer_approaches_softmax_attention_as_the_features_grow(registry):
@@ -167,23 +165,6 @@ def test_performer_approaches_softmax_attention_as_the_features_grow(registry):
         errors[m] = float(torch.stack(rms).mean())
     assert errors[256] < errors[16] / 2 and errors[4096] < errors[256] / 2, errors
     assert errors[4096] < 0.01, errors
-
-
-def test_performer_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
-    torch.manual_seed(3)
-    layer = build(registry, "performer", features=20, chunk=4)
-    x = torch.randn(2, 13, D, dtype=F64) * 2  # large enough that the key stabiliser moves
-    full, _ = layer(x, causal=True, position=Rope())
-    for sizes in ([1] * 13, [3, 1, 5, 4]):
-        steps, cache = decode(layer, x, sizes, Rope())
-        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
-        assert layer.state_size(13) == cache.numel_per_sequence()
-
-
-def test_performer_is_causal(registry):
-    torch.manual_seed(4)
-    layer = build(registry, "performer", features=16, chunk=4)
-    assert_causal(layer, torch.randn(2, 13, D, dtype=F64), t=6)
 
 
 def test_performer_state_size_is_what_the_cache_keeps(registry):
@@ -349,25 +330,7 @@ def test_reformer_matches_a_direct_hashed_and_chunked_reference_in_float64(regis
     out, weights = layer(x, causal=causal)
     torch.testing.assert_close(out, lsh_reference(layer, x, causal, 2), rtol=1e-9, atol=1e-9)
     # the dense form (weights for logging, and decoding) computes the same attention
-    dense, weights = layer(x, causal=causal, need_weights=True)
-    torch.testing.assert_close(dense, out, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, HEADS, 13, dtype=F64))
-
-
-def test_reformer_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
-    torch.manual_seed(10)
-    layer = build(registry, "reformer", n_buckets=4, n_hashes=3, chunk=2)
-    x = torch.randn(2, 15, D, dtype=F64)
-    full, _ = layer(x, causal=True, position=Rope())
-    for sizes in ([1] * 15, [5, 1, 3, 6], [15]):
-        steps, _ = decode(layer, x, sizes, Rope())
-        torch.testing.assert_close(steps, full, rtol=1e-9, atol=1e-9)
-
-
-def test_reformer_is_causal(registry):
-    torch.manual_seed(11)
-    layer = build(registry, "reformer", n_buckets=4, n_hashes=2, chunk=2)
-    assert_causal(layer, torch.randn(2, 13, D, dtype=F64), t=7)
+    assert_weights_give_the_output(layer, x, out, causal=causal)
 
 
 def test_reformer_state_size_is_what_the_cache_keeps(registry):
@@ -437,33 +400,8 @@ def test_longformer_matches_dense_attention_under_its_mask_in_float64(registry, 
     scheme = RopeAlibi()
     out, _ = layer(x, causal=causal, key_padding_mask=kpm, position=scheme)
     ref = longformer_reference(layer, x, causal, kpm, 3, 2, scheme)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad((out * g).sum(), [x, *layer.parameters()], allow_unused=True)
-    want = torch.autograd.grad((ref * g).sum(), [x, *layer.parameters()], allow_unused=True)
-    for a, b in zip(got, want, strict=True):
-        if b is not None:
-            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
-    full, weights = layer(x, causal=causal, key_padding_mask=kpm, position=scheme, need_weights=True)
-    torch.testing.assert_close(full, out, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, HEADS, 13, dtype=F64))
-
-
-def test_longformer_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
-    torch.manual_seed(14)
-    layer = build(registry, "longformer", window=3, num_global=2, block=4)
-    x = torch.randn(2, 14, D, dtype=F64)
-    full, _ = layer(x, causal=True, position=RopeAlibi())
-    for sizes in ([1] * 14, [3, 1, 6, 4], [1, 5, 8]):
-        steps, cache = decode(layer, x, sizes, RopeAlibi())
-        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
-        assert layer.state_size(14) == cache.numel_per_sequence()
-
-
-def test_longformer_is_causal(registry):
-    torch.manual_seed(15)
-    layer = build(registry, "longformer", window=3, num_global=2, block=4)
-    assert_causal(layer, torch.randn(2, 13, D, dtype=F64), t=5)
+    assert_agrees(out, ref, [x, *layer.parameters()])
+    assert_weights_give_the_output(layer, x, out, causal=causal, key_padding_mask=kpm, position=scheme)
 
 
 @pytest.mark.parametrize("separate", [True, False])
@@ -473,6 +411,36 @@ def test_longformer_state_size_is_what_the_cache_keeps(registry, separate):
         _, cache = decode(layer, torch.randn(1, n, D, dtype=F64), [1] * n)
         assert layer.state_size(n) == cache.numel_per_sequence()
     assert layer.state_size(900) == layer.state_size(9)  # window + globals, whatever the length
+
+
+# == decoding (token by token and in chunks, the same as the full pass) and causality =============
+DECODING = {
+    # large inputs for performer, so that the running key stabiliser moves
+    "performer": ({"features": 20, "chunk": 4}, Rope(), 2.0),
+    "reformer": ({"n_buckets": 4, "n_hashes": 3, "chunk": 2}, Rope(), 1.0),
+    "longformer": ({"window": 3, "num_global": 2, "block": 4}, RopeAlibi(), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry, name):
+    params, scheme, scale = DECODING[name]
+    torch.manual_seed(len(name))
+    layer = build(registry, name, **params)
+    x = torch.randn(2, 15, D, dtype=F64) * scale
+    full, _ = layer(x, causal=True, position=scheme)
+    for sizes in ([1] * 15, [3, 1, 6, 5], [1, 14], [15]):
+        steps, cache = decode(layer, x, sizes, scheme)
+        torch.testing.assert_close(steps, full, rtol=1e-9, atol=1e-9)
+        assert layer.state_size(15) == cache.numel_per_sequence()
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_is_causal(registry, name):
+    params, scheme, scale = DECODING[name]
+    torch.manual_seed(len(name) + 1)
+    layer = build(registry, name, **params)
+    assert_causal(layer, torch.randn(2, 13, D, dtype=F64) * scale, t=6, position=scheme)
 
 
 # == memory: no L x L intermediate ================================================================

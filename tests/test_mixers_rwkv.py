@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from test_attention_reference import LargestTensor  # one home for the memory probe
 
 import harness
 from harness import tracking
@@ -120,19 +119,9 @@ def test_rwkv_runs_in_float32_under_bf16_autocast_and_stays_linear_in_memory(reg
     length = 256
     x = torch.randn(1, length, D, requires_grad=True)
 
-    class Largest(TorchDispatchMode):
-        numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    Largest.numel = max(Largest.numel, t.numel())
-            return out
-
-    with Largest():
+    with LargestTensor() as largest:
         layer(x)[0].sum().backward()
-    assert Largest.numel < length * length / 4
+    assert largest.numel < length * length / 4
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, _ = layer(x)
     assert torch.isfinite(out).all()

@@ -3,7 +3,8 @@
 Queries are cut into blocks of ``block`` rows. Each block reads one contiguous span of keys,
 the keys its rows' windows can reach (``block + window - 1`` of them causal, ``block + 2
 (window - 1)`` bidirectional), so scores cost L x span. :func:`band` gives the geometry
-(which key each span slot reads, which (query, slot) pairs the window allows);
+(which key each span slot reads, which (query, slot) pairs the window allows), and
+:func:`keep_last` trims a decoding cache to the window;
 :func:`run_blocks` runs the blocks side by side through the fused
 ``scaled_dot_product_attention`` under that mask; :func:`block_bias` asks a position
 scheme for each block's bias against the keys the block reads (``bias_by_blocks``).
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness.nn.attention import sdpa_mask
+from harness.nn.attention import AttentionCache, sdpa_mask
 
 
 def band(q_start: int, k_start: int, lq: int, lk: int, *, block: int, window: int, causal: bool,
@@ -47,6 +48,17 @@ def band(q_start: int, k_start: int, lq: int, lk: int, *, block: int, window: in
     if causal:
         allowed = allowed & (lag >= 0)
     return index, allowed
+
+
+def keep_last(cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
+              key_padding_mask: Tensor | None, keep: int) -> None:
+    """Leave only the last ``keep`` keys and values (with their positions and padding) in a
+    decoding cache: all that the next query's window can still reach."""
+    start = max(0, k.shape[2] - keep)
+    cache.k, cache.v = k[:, :, start:].contiguous(), v[:, :, start:].contiguous()
+    cache.k_pos = k_pos[start:]
+    if key_padding_mask is not None:
+        cache.key_padding_mask = key_padding_mask[:, start:]
 
 
 def gather_blocks(t: Tensor, index: Tensor) -> Tensor:

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn.banded import band, block_bias, gather_blocks, run_blocks
+from harness.nn.banded import band, block_bias, gather_blocks, keep_last, run_blocks
 from harness.plugin import (
     Attention,
     AttentionCache,
@@ -109,11 +109,7 @@ class LongformerAttention(Attention):
                 gk, gv = torch.cat([cache.state["gk"], gk], dim=2), torch.cat([cache.state["gv"], gv], dim=2)
             cache.state["gk"], cache.state["gv"] = gk, gv
         k, v, k_pos, key_padding_mask = super().extend_cache(cache, k, v, k_pos, key_padding_mask)
-        start = max(0, k.shape[2] - (self.window - 1))  # what the next query can still see
-        cache.k, cache.v = k[:, :, start:].contiguous(), v[:, :, start:].contiguous()
-        cache.k_pos = k_pos[start:]
-        if key_padding_mask is not None:
-            cache.key_padding_mask = key_padding_mask[:, start:]
+        keep_last(cache, k, v, k_pos, key_padding_mask, self.window - 1)
         return k, v, k_pos, key_padding_mask
 
     # -- local rows: window ∪ global keys ----------------------------------------------------
