@@ -468,3 +468,48 @@ def test_no_variant_forms_the_score_matrix(registry, name, params, causal):
         largest[length] = seen.numel
     assert largest[1024] <= 2.2 * largest[512], largest
     assert largest[1024] < 1024 * 1024 / 4, largest
+
+
+# == end to end: a short training run per variant ================================================
+def e2e_config(model: dict) -> dict:
+    return {
+        "task": {"name": "copy", "params": {"length": 5, "vocab": 4, "num_train": 256, "num_val": 64,
+                                            "eval_lengths": []}},
+        "model": model,
+        "train": {"max_steps": 40, "batch_size": 32, "lr": 3e-3, "warmup_steps": 5, "val_every": 20,
+                  "progress": False, "seed": 3},
+        "tracking": {"experiment": "efficient-attention-e2e"},
+    }
+
+
+E2E = {
+    "performer": {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 2},
+                  "attention": {"name": "performer", "params": {"features": 32, "redraw_every": 10}},
+                  "position": {"name": "rope"}},
+    "reformer": {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 2},
+                 "attention": {"name": "reformer", "params": {"n_buckets": 2, "chunk": 8}},
+                 "position": {"name": "rope"}},
+    "longformer": {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 2},
+                   "attention": {"name": "longformer", "params": {"window": 4, "num_global": 1}},
+                   "position": {"name": "alibi"}},
+    # Linformer is bidirectional: the encoder of an encoder-decoder
+    "linformer": {"name": "encoder_decoder",
+                  "params": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "heads": 2},
+                  "attention": {"name": "multi_head"}, "position": {"name": "sinusoidal"},
+                  "attention_roles": {"encoder": {"name": "linformer", "params": {"max_length": 16, "k": 8}}}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", E2E)
+def test_each_variant_trains_end_to_end(registry, name):
+    from mlflow.tracking import MlflowClient
+
+    from harness import tracking
+
+    result = harness.train(e2e_config(E2E[name]), registry=registry)
+    assert result.status == "FINISHED"
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    history = MlflowClient(tracking.tracking_uri()).get_metric_history(result.run_id, "train/loss")
+    losses = [h.value for h in sorted(history, key=lambda h: h.step)]
+    assert losses[-1] < 0.8 * losses[0], losses
