@@ -130,12 +130,13 @@ def test_rwkv_runs_in_float32_under_bf16_autocast_and_stays_linear_in_memory(reg
 
 
 @pytest.mark.slow
-def test_rwkv_trains_end_to_end_in_a_transformer(registry):
+@pytest.mark.parametrize("name", ["rwkv", "rwkv6"])
+def test_rwkv_trains_end_to_end_in_a_transformer(registry, name):
     result = harness.train({
         "task": {"name": "copy", "params": {"length": 5, "vocab": 4, "num_train": 256, "num_val": 64,
                                             "eval_lengths": []}},
         "model": {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 2},
-                  "mixer": {"name": "rwkv"}, "position": {"name": "none"}},
+                  "mixer": {"name": name}, "position": {"name": "none"}},
         "train": {"max_steps": 40, "batch_size": 32, "lr": 3e-3, "warmup_steps": 5, "val_every": 20,
                   "progress": False, "seed": 3},
         "tracking": {"experiment": "rwkv-e2e"},
@@ -145,3 +146,103 @@ def test_rwkv_trains_end_to_end_in_a_transformer(registry):
     history = MlflowClient(tracking.tracking_uri()).get_metric_history(result.run_id, "train/loss")
     losses = [h.value for h in sorted(history, key=lambda h: h.step)]
     assert losses[-1] < 0.8 * losses[0]
+
+
+# == RWKV-6 (Finch) ================================================================================
+def randomised(layer):
+    """Every parameter random (the reference's zero-initialised low-rank maps included), so the
+    data-dependent shift and decay are exercised."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        layer.time_decay.add_(-0.5)
+    return layer
+
+
+def rwkv6_reference(layer, x):
+    """Section 4.2 of the Finch paper, one token at a time: ddlerp with the low-rank map, the
+    data-dependent decay w_t = exp(-exp(d_t)), per head y_t = r_t (diag(u) k_tᵀ v_t + S_{t-1}),
+    S_t = diag(w_t) S_{t-1} + k_tᵀ v_t, GroupNorm per head, SiLU gate, output projection."""
+    b, n, d = x.shape
+    h, hs = layer.num_heads, layer.head_size
+    p = {name: t.double() for name, t in layer.named_parameters()}
+    W = {name: p[f"{name}.weight"] for name in ("receptance", "key", "value", "gate", "output")}
+    rank = p["time_maa_w1"].shape[1] // 5
+    s = [torch.zeros(b, hs, hs, dtype=F64) for _ in range(h)]
+    outs = []
+    for t in range(n):
+        xt = x[:, t]
+        dx = (x[:, t - 1] if t else torch.zeros_like(xt)) - xt
+        low = torch.tanh((xt + dx * p["time_maa_x"]) @ p["time_maa_w1"])
+        mixed = []
+        for j in range(5):  # w, k, v, r, g
+            m = low[:, j * rank:(j + 1) * rank] @ p["time_maa_w2"][j]
+            mixed.append(xt + dx * (p["time_maa"][j] + m))
+        xw, xk, xv, xr, xg = mixed
+        w = torch.exp(-torch.exp(p["time_decay"] + torch.tanh(xw @ p["time_decay_w1"]) @ p["time_decay_w2"]))
+        r, k, v = (z @ W[name].T for z, name in ((xr, "receptance"), (xk, "key"), (xv, "value")))
+        g = torch.nn.functional.silu(xg @ W["gate"].T)
+        ys = []
+        for head in range(h):
+            sl = slice(head * hs, (head + 1) * hs)
+            kv = k[:, sl, None] * v[:, None, sl]  # k_tᵀ v_t
+            u = p["time_faaaa"][head]
+            ys.append((r[:, sl, None] * (u[:, None] * kv + s[head])).sum(1))
+            s[head] = w[:, sl, None] * s[head] + kv
+        y = torch.stack(ys, dim=1)
+        y = (y - y.mean(-1, keepdim=True)) / torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + layer.ln_x.eps)
+        y = y.reshape(b, d) * p["ln_x.weight"] + p["ln_x.bias"]
+        outs.append((y * g) @ W["output"].T)
+    return torch.stack(outs, dim=1)
+
+
+def test_rwkv6_parallel_form_matches_the_paper_recurrence_in_float64(registry):
+    torch.manual_seed(5)
+    layer = randomised(build(registry, "rwkv6", chunk=4, mix_rank=8, decay_rank=16))
+    x = torch.randn(2, 13, D, dtype=F64, requires_grad=True)
+    out, _ = layer(x)
+    ref = rwkv6_reference(layer, x)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(out)
+    params = [x, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad((out * g).sum(), params), torch.autograd.grad((ref * g).sum(), params),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_rwkv6_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
+    torch.manual_seed(6)
+    layer = randomised(build(registry, "rwkv6", chunk=4, mix_rank=8, decay_rank=16))
+    x = torch.randn(2, 15, D, dtype=F64)
+    full, _ = layer(x)
+    for sizes in ([1] * 15, [3, 1, 6, 5], [15]):
+        steps, cache = decode(layer, x, sizes)
+        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+        assert layer.state_size(15) == cache.numel_per_sequence() == D * (1 + D // 2)
+
+
+def test_rwkv6_is_causal(registry):
+    torch.manual_seed(7)
+    layer = randomised(build(registry, "rwkv6", chunk=4))
+    x = torch.randn(2, 13, D, dtype=F64)
+    base, _ = layer(x)
+    changed = x.clone()
+    changed[:, 6:] = torch.randn(2, 7, D, dtype=F64)
+    out, _ = layer(changed)
+    torch.testing.assert_close(out[:, :6], base[:, :6], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out[:, 6:], base[:, 6:])
+
+
+def test_rwkv6_stays_linear_in_memory_and_finite_under_bf16_autocast(registry):
+    torch.manual_seed(8)
+    layer = build(registry, "rwkv6", chunk=8).float().train()
+    largest = {}
+    for length in (256, 512):
+        x = torch.randn(1, length, D, requires_grad=True)
+        with LargestTensor() as seen:
+            layer(x)[0].sum().backward()
+        largest[length] = seen.numel
+    assert largest[512] <= 2.2 * largest[256] and largest[512] < 512 * 512 / 4, largest
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = layer(x)
+    assert torch.isfinite(out).all()

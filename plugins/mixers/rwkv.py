@@ -108,6 +108,14 @@ def wkv(w: Tensor, u: Tensor, k: Tensor, v: Tensor, state: dict[str, Any], chunk
     return torch.cat(outs, dim=1)
 
 
+def token_shift(x: Tensor, state: dict[str, Any]) -> Tensor:
+    """x_{t-1} for every t of ``x`` (B, L, D): the previous call's last input from ``state``
+    (zero at the start, like the reference's zero-padded time shift); keeps x's last input."""
+    prev = state.get("x", torch.zeros_like(x[:, 0]))
+    state["x"] = x[:, -1]
+    return torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1)
+
+
 class RWKV(Mixer):
     """RWKV-4 time mixing: token shift, per-channel decaying WKV with a bonus for the current token, sigmoid receptance gate."""
 
@@ -139,9 +147,7 @@ class RWKV(Mixer):
         return self.step(x, {}, positions=torch.arange(x.shape[1], device=x.device), position=position)
 
     def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
-        prev = state.get("x", torch.zeros_like(x[:, 0]))
-        shifted = torch.cat([prev[:, None].to(x.dtype), x[:, :-1]], dim=1)
-        state["x"] = x[:, -1]
+        shifted = token_shift(x, state)
 
         def mixed(mu: Tensor) -> Tensor:
             return x * mu + shifted * (1 - mu)
