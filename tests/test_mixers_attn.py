@@ -333,6 +333,17 @@ def test_reformer_matches_a_direct_hashed_and_chunked_reference_in_float64(regis
     assert_weights_give_the_output(layer, x, out, causal=causal)
 
 
+def test_reformer_in_float32_agrees_with_float64_where_tokens_see_only_themselves(registry):
+    """The self score (-1e5) keeps few digits in float32: the weights and the rounds' shares
+    must still sum to one (position 0, causal, sees only itself)."""
+    torch.manual_seed(17)
+    layer = build(registry, "reformer", d_model=32)
+    x = torch.randn(2, 9, 32, dtype=F64)
+    want, _ = layer(x, causal=True)
+    got, _ = layer.float()(x.float(), causal=True)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_reformer_state_size_is_what_the_cache_keeps(registry):
     layer = build(registry, "reformer", n_buckets=4, n_hashes=3, chunk=2)
     _, cache = decode(layer, torch.randn(2, 9, D, dtype=F64), [4, 1, 4])

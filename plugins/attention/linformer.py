@@ -35,8 +35,8 @@ Position hooks: token embeddings only. A rotation of queries and keys by positio
 would be applied before the keys are mixed across positions, where it no longer encodes
 offsets; a score bias needs scores between positions, and the scores here are against
 projected rows. Attention weights (``need_weights``): the effective mixing matrix over the
-original positions, softmax(Q(EK)ᵀ/√d)·E (rows need not sum to one, entries may be
-negative); formed for logging only.
+original positions, softmax(Q(EK)ᵀ/√d)·E, zero at padded positions (rows need not sum to
+one, entries may be negative); formed for logging only.
 
 Checked against ``lucidrains/linformer`` (``linformer/linformer.py``,
 ``LinformerSelfAttention``: per-layer E and F of shape (seq_len, k), sliced to the input
@@ -140,7 +140,11 @@ class LinformerAttention(Attention):
         scores = (q * q.shape[-1] ** -0.5) @ pk.transpose(-2, -1)
         weights = masked_softmax(scores, None).to(v.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
-        effective = weights @ e.transpose(-2, -1).to(v.dtype) if need_weights else None
+        effective = None
+        if need_weights:  # padded positions carry zero values: nothing is mixed from them
+            effective = weights @ e.transpose(-2, -1).to(v.dtype)
+            if key_padding_mask is not None:
+                effective = effective.masked_fill(key_padding_mask[:, None, None, :], 0.0)
         return dropped @ pv, effective
 
 
@@ -153,6 +157,8 @@ def harness_register_attention(register: Any) -> None:
             "cached_decoding": NO_DECODING,
             "causality": "bidirectional only: " + NO_DECODING,
             "state_size": "no decoding state (bidirectional only)",
+            "permutation": "E and F weigh each position with its own column: the projection is "
+                           "positional, so permuting the input does not permute the output",
             "row_stochastic": "the weights returned are the effective mixing matrix "
                               "softmax(Q(EK)ᵀ)·E over positions, not a softmax over them",
         },

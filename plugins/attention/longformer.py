@@ -235,4 +235,7 @@ class LongformerAttention(Attention):
 
 @hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(AttentionSpec(name="longformer", build=LongformerAttention))
+    register(AttentionSpec(name="longformer", build=LongformerAttention, exempt={
+        "permutation": "the first num_global positions are global tokens (with their own "
+                       "projections): the attention pattern is positional",
+    }))

@@ -191,7 +191,7 @@ class PerformerAttention(Attention):
             if memo is not None:
                 memo.update(sums)
             out = self._read(fq, sums, v.dtype)
-        weights = self._weights(fq, lk, q_pos, k_pos, causal) if need_weights else None
+        weights = self._weights(fq, lk, q_pos, k_pos, causal).to(v.dtype) if need_weights else None
         return out.to(v.dtype), weights
 
     @staticmethod
