@@ -15,8 +15,7 @@ Two attention patterns, one softmax per query (the paper's section 3.1):
 
 Separate projections (``separate_global``, the paper's default): global tokens' own rows
 are computed from Q_g, K_g, V_g (extra linear projections of the input) over all keys, as
-the paper and Hugging Face's ``LongformerSelfAttention`` (``query_global``, ``key_global``,
-``value_global``) do; the other queries see the global tokens through the local projections.
+the paper and the reference (``query_global``, ``key_global``, ``value_global``) do; the other queries see the global tokens through the local projections.
 With ``separate_global: false`` the global rows use the shared projections.
 
 Cost. Local rows run blocked (``harness.nn.banded``): query blocks of ``block`` rows, each
@@ -32,11 +31,12 @@ projections, their global keys and values): O(window + num_global) per token.
 Cross-attention (decoder queries against an encoder's memory) sees the whole memory, as in
 ``sliding_window``: the two sequences' positions do not correspond.
 
-Checked against ``allenai/longformer`` (``longformer/longformer.py``: the global
-projections ``query_global``/``key_global``/``value_global``, global keys removed from the
-windowed scores and concatenated once; ``longformer/sliding_chunks.py``: the banded
-computation) and Hugging Face ``transformers``
-(``models/longformer/modeling_longformer.py``, ``LongformerSelfAttention``).
+Checked against ``allenai/longformer`` (``longformer/longformer.py``,
+``LongformerSelfAttention.forward``: global keys removed from the windowed scores and
+concatenated once in front of them, one softmax; the global tokens' rows recomputed with
+``query_global``/``key_global``/``value_global`` over all keys and written over the local
+ones). Its window ``w`` counts keys on each side (2w + 1 in all); here, as in
+``sliding_window``, ``window`` counts the query itself and the keys on one side.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ hashed chunk, at positions that differ by batch element, head and round.
 Checked against ``lucidrains/reformer-pytorch`` (``reformer_pytorch/reformer_pytorch.py``:
 ``LSHAttention.hash_vectors`` (rotations, argmax over [xR, -xR]), ``forward`` (normalised
 keys, self-masking, causal masking by original positions, the logsumexp combination of the
-rounds), ``FullQKAttention``) and ``google/trax`` (``trax/layers/research/efficient_attention.py``:
-``hash_vecs``, ``mask_self_attention`` with its -1e5 self score).
+rounds), ``FullQKAttention``) and ``google/trax``
+(``trax/layers/research/efficient_attention.py``: ``mask_self_attention``, the -1e5 self score).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Position hooks: token embeddings only; the recurrence is itself positional (deca
 distance) and forms no queries and keys to rotate and no scores to bias.
 
 Checked against ``BlinkDL/RWKV-LM``: ``RWKV-v4/src/model.py`` (``RWKV_TimeMix``: token
-shift, mix coefficients, initialisation; the WKV definition of its CUDA kernel) and
+shift, mix coefficients, initialisation, the receptance gate) and
 ``RWKV-v4neo/src/model_run.py`` (``SA``: the stable recurrent form with state aa, bb, pp).
 """
 
