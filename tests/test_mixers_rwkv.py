@@ -82,33 +82,12 @@ def test_rwkv_parallel_form_matches_the_paper_recurrence_in_float64(registry):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
 
-def test_rwkv_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
-    torch.manual_seed(2)
-    layer = scaled_up(build(registry, chunk=4))
-    x = torch.randn(2, 15, D, dtype=F64)
-    full, _ = layer(x)
-    for sizes in ([1] * 15, [3, 1, 6, 5], [15]):
-        steps, _ = decode(layer, x, sizes)
-        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
-
-
-def test_rwkv_is_causal(registry):
-    torch.manual_seed(3)
-    layer = build(registry, chunk=4)
-    x = torch.randn(2, 13, D, dtype=F64)
-    base, _ = layer(x)
-    changed = x.clone()
-    changed[:, 6:] = torch.randn(2, 7, D, dtype=F64)
-    out, _ = layer(changed)
-    torch.testing.assert_close(out[:, :6], base[:, :6], rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(out[:, 6:], base[:, 6:])
-
-
 def test_rwkv_state_size_is_what_the_cache_keeps(registry):
-    layer = build(registry)
-    for n in (1, 7):
-        _, cache = decode(layer, torch.randn(2, n, D, dtype=F64), [n])
-        assert layer.state_size(n) == cache.numel_per_sequence() == 4 * D
+    for name, size in (("rwkv", 4 * D), ("rwkv6", D * (1 + D // 2))):  # 2 heads of D/2
+        layer = build(registry, name)
+        for n in (1, 7):
+            _, cache = decode(layer, torch.randn(2, n, D, dtype=F64), [n])
+            assert layer.state_size(n) == cache.numel_per_sequence() == size
     spec = registry.get("mixer", "rwkv")
     assert spec.directions == {"causal"} and spec.complexity.state == "1"
 
@@ -127,6 +106,38 @@ def test_rwkv_runs_in_float32_under_bf16_autocast_and_stays_linear_in_memory(reg
     assert torch.isfinite(out).all()
     ref, _ = layer(x)
     assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def prepared(registry, name):
+    """A layer whose exponentials and data-dependent parts are exercised."""
+    if name == "rwkv":
+        return scaled_up(build(registry, "rwkv", chunk=4))
+    return randomised(build(registry, "rwkv6", chunk=4, mix_rank=8, decay_rank=16))
+
+
+@pytest.mark.parametrize("name", ["rwkv", "rwkv6"])
+def test_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry, name):
+    torch.manual_seed(2)
+    layer = prepared(registry, name)
+    x = torch.randn(2, 15, D, dtype=F64)
+    full, _ = layer(x)
+    for sizes in ([1] * 15, [3, 1, 6, 5], [15]):
+        steps, cache = decode(layer, x, sizes)
+        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+        assert layer.state_size(15) == cache.numel_per_sequence()
+
+
+@pytest.mark.parametrize("name", ["rwkv", "rwkv6"])
+def test_is_causal(registry, name):
+    torch.manual_seed(3)
+    layer = prepared(registry, name)
+    x = torch.randn(2, 13, D, dtype=F64)
+    base, _ = layer(x)
+    changed = x.clone()
+    changed[:, 6:] = torch.randn(2, 7, D, dtype=F64)
+    out, _ = layer(changed)
+    torch.testing.assert_close(out[:, :6], base[:, :6], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out[:, 6:], base[:, 6:])
 
 
 @pytest.mark.slow
@@ -208,29 +219,6 @@ def test_rwkv6_parallel_form_matches_the_paper_recurrence_in_float64(registry):
     for a, b in zip(torch.autograd.grad((out * g).sum(), params), torch.autograd.grad((ref * g).sum(), params),
                     strict=True):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
-
-
-def test_rwkv6_decoding_token_by_token_and_in_chunks_equals_the_full_pass(registry):
-    torch.manual_seed(6)
-    layer = randomised(build(registry, "rwkv6", chunk=4, mix_rank=8, decay_rank=16))
-    x = torch.randn(2, 15, D, dtype=F64)
-    full, _ = layer(x)
-    for sizes in ([1] * 15, [3, 1, 6, 5], [15]):
-        steps, cache = decode(layer, x, sizes)
-        torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
-        assert layer.state_size(15) == cache.numel_per_sequence() == D * (1 + D // 2)
-
-
-def test_rwkv6_is_causal(registry):
-    torch.manual_seed(7)
-    layer = randomised(build(registry, "rwkv6", chunk=4))
-    x = torch.randn(2, 13, D, dtype=F64)
-    base, _ = layer(x)
-    changed = x.clone()
-    changed[:, 6:] = torch.randn(2, 7, D, dtype=F64)
-    out, _ = layer(changed)
-    torch.testing.assert_close(out[:, :6], base[:, :6], rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(out[:, 6:], base[:, 6:])
 
 
 def test_rwkv6_stays_linear_in_memory_and_finite_under_bf16_autocast(registry):
