@@ -80,7 +80,8 @@ def create_model(
 
     from harness.config import ComponentConfig, ModelConfig, format_validation_error
     from harness.data import TaskInfo
-    from harness.run.plan import build_model_from, resolve_model
+    from harness.run.build import build_model_from
+    from harness.run.plan import resolve_model
 
     def component(kind_name: str | None, kind_params: dict[str, Any] | None) -> Any:
         return ComponentConfig(name=kind_name, params=kind_params or {}) if kind_name else None

@@ -56,6 +56,12 @@ class TrainConfig(Strict):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
+    optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="see harness.run.optim")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam(W) moment decay rates")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    schedule: Literal["constant", "cosine", "linear", "inverse_sqrt"] = Field(
+        "cosine", description="learning-rate schedule after warm-up (see harness.run.optim)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / lr (cosine, linear)")
     warmup_steps: int = Field(100, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     val_every: int = Field(250, ge=1, description="validate every N optimizer steps")
@@ -76,6 +82,14 @@ class TrainConfig(Strict):
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
+
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"each beta must lie in [0, 1), got {betas}")
+        return betas
 
 
 class TrackingConfig(Strict):

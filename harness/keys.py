@@ -2,8 +2,9 @@
 
 Study phases, MLflow tags, MLflow metric keys and Optuna trial attributes are each spelled
 here once; every module imports them from here (a literal repeated in several modules is a
-rename waiting to break something). Values are plain strings (``StrEnum`` members compare
-equal to their value), so they can be written to either store as they are.
+rename waiting to break something). Tags, attributes and metric keys are plain ``str``
+constants (not enum members): they travel through pickles that allow only builtins, such as
+the results Lightning's ``ddp_spawn`` sends back with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class Phase(StrEnum):
     CONFIRM = "confirm"
 
 
-class Tag(StrEnum):
+class Tag:
     """MLflow run tags written by the harness."""
 
     # every run
@@ -53,7 +54,7 @@ def component_tag(role: str, field: str | None = None) -> str:
     return f"harness.{role}" + (f".{field}" if field else "")
 
 
-class Attr(StrEnum):
+class Attr:
     """Optuna user attributes of the harness's studies and trials."""
 
     RECORD = "harness.record"  # on the record study: config, fingerprint, parent run, ...
@@ -66,7 +67,7 @@ class Attr(StrEnum):
     TUNING_TRIAL = "harness.tuning_trial"  # the tuning trial a confirmation re-runs
 
 
-class Metric(StrEnum):
+class Metric:
     """MLflow metric keys that are not per-length validation metrics."""
 
     TRAIN_LOSS = "train/loss"

@@ -197,7 +197,7 @@ def check_defaults(config: type, owner: str) -> None:
     for p in params:  # every value a study may sample must lie within the bounds
         if p.range is None or not p.bounds:
             continue
-        check = TypeAdapter(typing.Annotated[(p.type, *p.bounds)])  # type: ignore[valid-type]
+        check: Any = TypeAdapter(typing.Annotated[(p.type, *p.bounds)])  # type: ignore[arg-type]
         ends = list(p.range.options) if isinstance(p.range, Choice) else [p.range.low, p.range.high]
         for value in ends:
             try:

@@ -64,7 +64,7 @@ def _config_of(build: Any) -> type | None:
     if not params:
         return None
     hint = hints.get(params[0].name)
-    return hint if dataclasses.is_dataclass(hint) else None
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 @dataclass(frozen=True)

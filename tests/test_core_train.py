@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import signal
 import subprocess
 import sys
@@ -256,3 +257,24 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     assert run.info.status == "KILLED"
     assert run.data.tags["harness.interrupted"] == "true"
 
+
+
+@pytest.mark.slow
+def test_a_ddp_spawn_run_on_two_cpu_processes_logs_what_a_single_process_run_logs():
+    """Modules and callbacks pickle; validation sums are reduced over both processes' shares
+    and the results come back from the spawned workers (issue 12)."""
+    cfg = tiny()
+    cfg["model"]["position"] = {"name": "none"}
+    cfg["train"].update(max_steps=4, val_every=2, accelerator="cpu", num_threads=1)
+    single = harness.train(cfg)
+    cfg["train"].update(devices=2, strategy="ddp_spawn")
+    spawned = harness.train(cfg)
+    assert spawned.status == single.status == "FINISHED"
+    assert set(spawned.metrics) == set(single.metrics)
+    assert spawned.metrics["train/steps"] == single.metrics["train/steps"] == 4
+    assert spawned.metrics["cost/train_tokens_per_s"] > 0
+    for key in ("val/loss", "val/acc"):
+        assert math.isfinite(spawned.metrics[key])
+    run = MlflowClient(tracking.tracking_uri()).get_run(spawned.run_id)
+    assert {k for k in run.data.metrics if k.startswith("val/")} == {
+        k for k in single.metrics if k.startswith("val/")}

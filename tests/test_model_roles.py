@@ -19,7 +19,8 @@ from harness import tracking
 from harness.config import parse_run_config
 from harness.data import TaskInfo
 from harness.errors import ConfigError, IncompatibleError
-from harness.run.plan import build_model, plan
+from harness.run.build import build_model
+from harness.run.plan import plan
 from harness.study.schema import parse_study_config
 from harness.study.space import validate
 
@@ -84,7 +85,8 @@ def test_create_model_takes_names_or_name_and_params(registry):
 
 def test_the_attention_factory_keeps_its_two_argument_call_and_rejects_undeclared_roles(registry):
     from harness.errors import PluginError
-    from harness.run.plan import Component, attention_factory
+    from harness.run.build import attention_factory
+    from harness.run.plan import Component
 
     model = Component(registry.get("model", "transformer"), None)
     shared = Component(registry.get("attention", "multi_head"),

@@ -113,7 +113,7 @@ def test_run_config_samples_prefixed_names(registry):
     ({"objective": {"metric": "acc", "length": 64}}, "objective.length: 64 is not an evaluation length"),
     ({"train": {"max_steps": 100}}, "train.max_steps: set by budget.steps"),
     ({"train": {"lr": -1}}, "train.lr: Input should be greater than 0"),
-    ({"search": {"lr": [0.1], "momentum": [0.9]}}, "search: unknown parameter 'momentum'"),
+    ({"search": {"lr": [0.1], "nesterov": [True]}}, "search: unknown parameter 'nesterov'"),
     ({"train": {"devices": 4, "strategy": "ddp"}}, "train.strategy: 'ddp' with devices 4 would"),
     ({"train": {"devices": "auto"}}, "train.strategy: 'auto' with devices 'auto' would"),
     ({"search": {"batch_size": [0, 8]}}, "search.batch_size: 0 is invalid"),
@@ -278,3 +278,17 @@ def test_shipped_studies_validate(path, registry):
             pytest.skip(f"needs a component that is not registered here: {exc}")
         raise
     assert space.candidates and config.budget.trials >= 2 and config.confirm.seeds >= 2
+
+
+def test_optimizer_and_schedule_are_searched_like_any_training_setting(registry):
+    cfg = parse_study_config(study(search={"optimizer": ["adamw", "sgd"],
+                                           "schedule": ["constant", "inverse_sqrt"],
+                                           "momentum": {"low": 0.5, "high": 0.95}}))
+    space = validate(cfg, registry)
+    trial = optuna.create_study().ask()
+    run = space.run_config(space.candidates[0], trial, seed=0)
+    assert run["train"]["optimizer"] in ("adamw", "sgd")
+    assert run["train"]["schedule"] in ("constant", "inverse_sqrt")
+    assert {"train.optimizer", "train.schedule", "train.momentum"} <= set(trial.params)
+    with pytest.raises(ConfigError, match="search.optimizer"):
+        validate(parse_study_config(study(search={"optimizer": ["adamw", "lion"]})), registry)

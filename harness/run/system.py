@@ -1,8 +1,7 @@
 """One task-agnostic LightningModule (the *system*) and the DataModule that feeds it.
 
 The model is a plain ``nn.Module`` built from the registry; the system owns the loss
-(cross-entropy over the task's scored positions), optimisation (AdamW, linear warm-up,
-cosine decay), the non-finite-loss guard and metric logging. Validation runs one
+(cross-entropy over the task's scored positions), optimisation (:mod:`harness.run.optim`), the non-finite-loss guard and metric logging. Validation runs one
 dataloader per evaluation length and logs ``val/<metric>_len<length>`` (MLflow forbids ``@``
 in metric names); the training length is also logged without suffix (``val/acc``), which is
 what studies optimise by default.
@@ -11,7 +10,6 @@ what studies optimise by default.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from functools import partial
 from typing import Any
 
@@ -23,6 +21,7 @@ from torch.utils.data import DataLoader
 from harness.config import TrainConfig
 from harness.data import BatchFormat, Task
 from harness.keys import Metric, val_key
+from harness.run.optim import make_optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -77,8 +76,7 @@ class HarnessSystem(L.LightningModule):
         super().__init__()
         self.model, self.task, self.fmt, self.cfg = model, task, fmt, cfg
         self.val_lengths: list[int] = [task.train_length]
-        self._sums: dict[int, dict[str, float]] = {}
-        self.final_metrics: dict[str, float] = {}
+        self._sums: dict[int, dict[str, Any]] = {}
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
@@ -102,45 +100,46 @@ class HarnessSystem(L.LightningModule):
         return loss
 
     def on_validation_epoch_start(self) -> None:
-        self._sums = defaultdict(lambda: defaultdict(float))
+        self._sums = {n: dict.fromkeys(SUMMED, 0.0) for n in self.val_lengths}
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         length = self.val_lengths[dataloader_idx]
         stats = masked_stats(self(batch), batch)
         sums = self._sums[length]
-        for key in ("nll_sum", "tokens", "correct", "exact", "sequences"):
-            sums[key] += float(stats[key])
+        for key in SUMMED:  # tensors: no device sync per batch
+            sums[key] = sums[key] + stats[key].double()
         for name, (total, count) in self.task.extra_metrics(self.model, batch, self.fmt).items():
-            sums[f"extra:{name}:sum"] += total
-            sums[f"extra:{name}:count"] += count
+            sums[f"extra:{name}:sum"] = sums.get(f"extra:{name}:sum", 0.0) + total
+            sums[f"extra:{name}:count"] = sums.get(f"extra:{name}:count", 0.0) + count
 
     def on_validation_epoch_end(self) -> None:
-        for length, sums in self._sums.items():
-            metrics = summarize(sums, self.task.report_perplexity)
+        distributed = self.trainer.world_size > 1
+        for length in self.val_lengths:
+            metrics = summarize(self._reduce(self._sums[length]), self.task.report_perplexity)
             for name, value in metrics.items():
                 keys = [val_key(name, length)]
                 if length == self.task.train_length:
                     keys.append(val_key(name))
-                for key in keys:
-                    self.log(key, value, prog_bar=key in (val_key("loss"), val_key("acc")))
-                    self.final_metrics[key] = value
+                for key in keys:  # equal on every rank once reduced: syncing keeps Lightning quiet
+                    self.log(key, value, prog_bar=key in (val_key("loss"), val_key("acc")),
+                             sync_dist=distributed)
+
+    def _reduce(self, sums: dict[str, Any]) -> dict[str, float]:
+        """Validation sums over every device's share of the examples (one reduction)."""
+        keys = sorted(sums)
+        values = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=self.device)
+                              for k in keys])
+        if self.trainer.world_size > 1:
+            values = self.trainer.strategy.reduce(values, reduce_op="sum")
+        return dict(zip(keys, values.tolist(), strict=True))
 
     def configure_optimizers(self) -> Any:
-        decay: list[torch.nn.Parameter] = []
-        no_decay: list[torch.nn.Parameter] = []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (no_decay if p.dim() < 2 or "embed" in name or "norm" in name else decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.cfg.lr,
-        )
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, partial(warmup_cosine, warmup=self.cfg.warmup_steps, total=self.cfg.max_steps)
-        )
+        opt, sched = make_optimizer(self.model, self.cfg)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+#: The per-batch counts summed over a validation set (see :func:`masked_stats`).
+SUMMED = ("nll_sum", "tokens", "correct", "exact", "sequences")
 
 
 def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: BatchFormat, prob: float) -> dict[str, Any]:
@@ -162,14 +161,6 @@ def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: BatchFo
     mixed = inputs.clone()
     mixed[:, 1:] = torch.where(replace, logits[:, :-1].argmax(-1), inputs[:, 1:])
     return {**batch, key: mixed}
-
-
-def warmup_cosine(step: int, *, warmup: int, total: int) -> float:
-    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0.1 at ``total``."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def summarize(sums: dict[str, float], perplexity: bool) -> dict[str, float]:

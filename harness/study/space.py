@@ -35,7 +35,8 @@ from harness.study.schema import StudyConfig, format_loc
 #: Training settings a study may search, with their type.
 TRAIN_SEARCHABLE: dict[str, type] = {
     "lr": float, "weight_decay": float, "warmup_steps": int, "batch_size": int,
-    "label_smoothing": float, "grad_clip": float,
+    "label_smoothing": float, "grad_clip": float, "optimizer": str, "schedule": str,
+    "momentum": float, "min_lr_ratio": float,
 }
 #: Training settings the protocol sets; the YAML must not.
 TRAIN_PROTOCOL = {
@@ -91,7 +92,8 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
             raise unknown_params_error([key], sorted(TRAIN_SEARCHABLE), "search")
         if key in config.train:
             raise ConfigError(f"search.{key}: also fixed under train; keep one.")
-        rng = parse_range(raw, TRAIN_SEARCHABLE[key], f"search.{key}")
+        kind = TRAIN_SEARCHABLE[key]
+        rng = parse_range(raw, kind if kind in (int, float) else None, f"search.{key}")
         for value in range_values(rng):
             try:
                 TrainConfig.model_validate({key: value})
@@ -178,7 +180,8 @@ class StudySpace:
     def count_params(self, run: dict[str, Any]) -> int | None:
         """The parameter count of the model a run config builds; None if it is invalid."""
         from harness.config import parse_run_config
-        from harness.run.plan import build_model, plan, task_info
+        from harness.run.build import build_model, task_info
+        from harness.run.plan import plan
 
         try:
             p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)

@@ -92,39 +92,10 @@ def claim_next(handle: StudyHandle, space: StudySpace, prog: StudyProgress) -> J
 
 # -- running one job -----------------------------------------------------------------------------
 def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_steps: int) -> Any:
-    """A Lightning callback that links the trial to its MLflow run and reports ``monitor``
-    to Optuna at ``trainer.global_step`` after every validation, pruning when told to.
+    """The Lightning callback that reports a trial to Optuna (:mod:`harness.study.pruning`)."""
+    from harness.study.pruning import OptunaTrialCallback
 
-    Not ``optuna_integration.PyTorchLightningPruningCallback``: it reports at
-    ``current_epoch``, but our runs validate every ``val_every`` optimizer steps inside one
-    epoch, so all its reports would land on step 0 (Optuna keeps the first value of a step)
-    and the pruner would compare first validations only. Only rank zero talks to Optuna; the
-    decision is broadcast so every rank stops together under multi-device strategies.
-    """
-    import lightning as L
-    import optuna
-
-    class OptunaTrialCallback(L.Callback):
-        def on_fit_start(self, trainer: Any, module: Any) -> None:
-            run_id = getattr(trainer.logger, "run_id", None)
-            if run_id and trainer.is_global_zero:
-                trial.set_user_attr(Attr.RUN, run_id)
-
-        def on_validation_end(self, trainer: Any, module: Any) -> None:
-            if trainer.sanity_checking or trainer.state.fn != "fit" or not report:
-                return
-            value = trainer.callback_metrics.get(monitor)
-            if value is None:
-                return
-            step, value = trainer.global_step, float(value)
-            stop = False
-            if trainer.is_global_zero and math.isfinite(value):
-                trial.report(value, step)
-                stop = prune and step < max_steps and trial.should_prune()
-            if trainer.strategy.broadcast(stop):
-                raise optuna.TrialPruned(f"pruned at step {step} ({monitor} = {value:.4g})")
-
-    return OptunaTrialCallback()
+    return OptunaTrialCallback(trial, monitor, report=report, prune=prune, max_steps=max_steps)
 
 
 def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
