@@ -132,7 +132,7 @@ def test_changing_padded_keys_changes_nothing_at_real_positions(registry, name, 
 
 # -- symmetry ----------------------------------------------------------------------------------
 def test_permuting_the_input_permutes_the_output_without_positions(registry, name):
-    exempt(registry, name, "permutation")
+    exempt(registry, name, "permutation_equivariance")
     m = build(registry, name)  # default windows cover these lengths
     x = rand(2, 9, D_MODEL)
     kpm = torch.zeros(2, 9, dtype=torch.bool)
@@ -149,7 +149,7 @@ def test_permuting_the_input_permutes_the_output_without_positions(registry, nam
 
 # -- incremental decoding ----------------------------------------------------------------------
 def test_cached_self_attention_decoding_equals_the_full_pass(registry, name):
-    exempt(registry, name, "cached_decoding")
+    exempt(registry, name, "cache_equals_full_pass")
     m = build(registry, name)
     position = scheme_for(registry, name)
     x = rand(2, 11, D_MODEL)
@@ -221,7 +221,7 @@ def test_deterministic(registry, name):
 
 def test_runs_far_past_the_training_length_in_a_model(registry, name):
     needs(registry, name, "causal")  # a causal LM with a cache
-    exempt(registry, name, "cached_decoding")
+    exempt(registry, name, "cache_equals_full_pass")
     torch.manual_seed(0)
     model = harness.create_model("transformer", vocab_size=12, max_length=8, attention=name,
                                  position="rope", registry=registry, d_model=16, heads=2, layers=2)

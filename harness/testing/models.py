@@ -61,7 +61,8 @@ class ModelChecks(Checks):
               **overrides: Any) -> Any:
         """The model for batch format ``fmt``, float64, in eval mode."""
         from harness.config import ComponentConfig, ModelConfig
-        from harness.run.plan import build_model_from, resolve_model
+        from harness.run.build import build_model_from
+        from harness.run.plan import resolve_model
 
         spec = self.component()
         attention = self.attention

@@ -154,10 +154,7 @@ def harness_register_attention(register: Any) -> None:
         name="linformer",
         build=LinformerAttention,
         exempt={
-            "cached_decoding": NO_DECODING,
-            "causality": "bidirectional only: " + NO_DECODING,
-            "state_size": "no decoding state (bidirectional only)",
-            "permutation": "E and F weigh each position with its own column: the projection is "
+            "permutation_equivariance": "E and F weigh each position with its own column: the projection is "
                            "positional, so permuting the input does not permute the output",
             "row_stochastic": "the weights returned are the effective mixing matrix "
                               "softmax(Q(EK)ᵀ)·E over positions, not a softmax over them",

@@ -236,6 +236,6 @@ class LongformerAttention(Attention):
 @hookimpl
 def harness_register_attention(register: Any) -> None:
     register(AttentionSpec(name="longformer", build=LongformerAttention, exempt={
-        "permutation": "the first num_global positions are global tokens (with their own "
+        "permutation_equivariance": "the first num_global positions are global tokens (with their own "
                        "projections): the attention pattern is positional",
     }))
