@@ -150,6 +150,7 @@ def test_permuting_the_input_permutes_the_output_without_positions(registry, nam
 # -- incremental decoding ----------------------------------------------------------------------
 def test_cached_self_attention_decoding_equals_the_full_pass(registry, name):
     exempt(registry, name, "cache_equals_full_pass")
+    needs(registry, name, "causal")
     m = build(registry, name)
     position = scheme_for(registry, name)
     x = rand(2, 11, D_MODEL)
