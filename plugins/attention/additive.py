@@ -20,7 +20,7 @@ count; ``heads = n`` runs n independent MLP scorers (each with its own W_q, W_k 
 v). Position hooks act per model head: rotations act on W_q q and W_k k before the tanh
 (this injects positions but, unlike in a dot product, does not make the score depend on
 offsets only) and per-head biases are averaged over the model heads (see
-``harness.nn.Attention``). With the default ``d_att = d_model / heads`` it pairs with every
+``harness.plugin.Attention``). With the default ``d_att = d_model / heads`` it pairs with every
 position scheme; Shaw's query-dependent bias needs heads x d_att = d_model.
 """
 

@@ -6,13 +6,13 @@ no learned query/key projections and no 1/√d temperature. This is what separat
 at width d the logits grow like d, so the softmax saturates sooner, which is the point of
 the comparison. Values and the output keep the harness's learned projections (Luong's
 context vector passes through W_c before the output in the same way). It runs on PyTorch's
-fused attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
+fused attention kernels with ``scale=1`` (``harness.plugin.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; ``heads = n`` splits the states into n slices of width d/n, each scored against the
 same slice of the keys. Position hooks still act per model head: queries/keys are regrouped
 into the model's heads for rotations, and per-head score biases are averaged over the
-model heads (see ``harness.nn.Attention``), so it pairs with every position scheme.
+model heads (see ``harness.plugin.Attention``), so it pairs with every position scheme.
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ a key-side bias b would add h_tᵀ b, the same for every key, which the softmax 
 W_a = ``k_proj.weight``. Compared with ``scaled_dot_product``
 it learns one full-rank bilinear form instead of the factored W_qᵀ W_k, and it is unscaled.
 Values and the output keep the harness's learned projections. It runs on PyTorch's fused
-attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
+attention kernels with ``scale=1`` (``harness.plugin.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; with ``heads = n`` head h scores slice h of the query state against slice h of
 W_a h_s (n bilinear forms of shape d/n x d). Position hooks act per model head (regrouped
-queries/keys, averaged per-head biases; see ``harness.nn.Attention``), so it pairs with
+queries/keys, averaged per-head biases; see ``harness.plugin.Attention``), so it pairs with
 every position scheme.
 """
 

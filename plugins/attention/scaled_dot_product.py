@@ -8,7 +8,7 @@ Heads: it is the single-head layer, so ``heads`` defaults to 1 (d_k = d_model) a
 the model's head count; ``heads = n`` gives the multi-head form. Comparing it with
 ``multi_head`` asks whether several heads matter at equal width. Position hooks act per
 model head (regrouped queries/keys, averaged per-head biases; see
-``harness.nn.Attention``), so it pairs with every position scheme.
+``harness.plugin.Attention``), so it pairs with every position scheme.
 
 ``tied_qk`` shares one projection between queries and keys, so a study can ask whether the
 query/key distinction matters.

@@ -1,7 +1,7 @@
 """``sinusoidal``: the Transformer's fixed sinusoids, added to token embeddings.
 
 PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)) (Vaswani et al., 2017),
-computed on the fly for any position (:func:`harness.nn.position.sinusoids`), so it runs at
+computed on the fly for any position (:func:`harness.plugin.sinusoids`), so it runs at
 any length.
 """
 
