@@ -25,6 +25,8 @@ from torch import nn
 from harness.plugin import AttentionConfig, AttentionSpec, FusedDotProductAttention, Ge, hookimpl
 
 
+# The same skeleton as dot_product.py (both are single-head Luong variants); built-ins import
+# only harness.plugin, as third-party plugins do, so these few lines are not shared.
 @dataclass
 class GeneralConfig(AttentionConfig):
     """``bias``: biases in the value and output projections (W_a has none)."""
