@@ -46,34 +46,8 @@ PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("attention", "sliding_window"): {"window": 4, "block": 4},  # the window is shorter than the inputs
 }
 
-_REWRITE = "module_class() defines the class inside a function (the plugin-contract rewrite removes it)"
-_NO_BOUNDS = "numeric hyper-parameters without bounds (the plugin-contract rewrite adds them)"
 #: (kind, name, check) -> why a built-in fails it today
-PENDING: dict[tuple[str, str, str], str] = {
-    **{(k, n, "pickle"): _REWRITE for k, names in {
-        "attention": ("additive", "dot_product", "general", "linear", "scaled_dot_product", "sliding_window"),
-        "position": ("alibi", "learned", "relative", "rope", "scalar", "sinusoidal", "sinusoidal_concat", "t5_bias"),
-        "model": ("encoder_decoder", "mlp_mixer", "rnn_seq2seq", "transformer"),
-    }.items() for n in names},
-    **{(k, n, "bounds"): _NO_BOUNDS for k, names in {
-        "attention": ("additive", "dot_product", "general", "linear", "scaled_dot_product", "sliding_window"),
-        "position": ("learned", "relative", "rope", "sinusoidal", "sinusoidal_concat", "t5_bias"),
-        "model": ("encoder_decoder", "gru", "lstm", "mlp_mixer", "rnn_seq2seq"),
-        "task": ("associative_recall", "char_lm", "copy", "g2p", "induction_head", "reverse",
-                 "selective_copy", "skip_dependency", "sort"),
-    }.items() for n in names},
-    ("attention", "linear", "declarations"): "its build function's spec says position_hooks {embedding, qk}; "
-                                             "the class inherits all three from Attention",
-    ("attention", "linear", "state_size"): "keeps running sums (B, H, d, d) + (B, H, d) but inherits the "
-                                           "KV-cache state_size (length x heads x 2d)",
-    ("attention", "sliding_window", "state_size"): "keeps the last window - 1 keys/values but inherits the "
-                                                   "KV-cache state_size (and complexity.state 'L')",
-    ("attention", "sliding_window", "permutation_equivariance"):
-        "the window is positional when it is shorter than the input: needs "
-        "exempt={'permutation_equivariance': ...} on its spec",
-    ("task", "g2p", "seeds_differ"): "a fixed dataset, the same for every seed: needs "
-                                     "exempt={'seeds_differ': ...} on its spec",
-}
+PENDING: dict[tuple[str, str, str], str] = {}
 
 
 def _pending(test: Any, reason: str) -> Any:
@@ -119,9 +93,6 @@ def example_classes() -> dict[str, type]:
 
 
 _examples = example_classes()
-_minimal_lm = _examples["TestExample_model_minimal_lm"]
-_minimal_lm.test_pickle = _pending(  # type: ignore[attr-defined]
-    _minimal_lm.test_pickle, "its default position scheme, rope: " + _REWRITE)
 globals().update(_examples)
 
 

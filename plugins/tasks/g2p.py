@@ -170,4 +170,7 @@ def error_rates(hyps: Sequence[Sequence[int]], refs: Sequence[Sequence[int]]) ->
 
 @hookimpl
 def harness_register_task(register: Any) -> None:
-    register(TaskSpec(name="g2p", build=G2PTask))
+    register(TaskSpec(name="g2p", build=G2PTask, exempt={
+        "seeds_differ": "a fixed dataset (CMUdict with hash splits): the task seed changes nothing, "
+                        "every seed sees the same words",
+    }))
