@@ -72,6 +72,7 @@ from harness.data import (
 from harness.decoding import edit_distance, greedy
 from harness.errors import ConfigError, PluginError
 from harness.hookspecs import hookimpl
+from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
     AttentionCache,
@@ -82,6 +83,7 @@ from harness.nn.attention import (
     scaled,
     sdpa_mask,
 )
+from harness.nn.banded import band, block_bias, gather_blocks, keep_last, run_blocks
 from harness.nn.blocks import (
     FeedForward,
     ScaledEmbedding,
@@ -93,10 +95,16 @@ from harness.nn.blocks import (
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
+from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv, compute_dtype
 from harness.params import Choice, FloatRange, IntRange, NoParams
 from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
 
 __all__ = [
+    # shared numerics of the built-in mixers (modules): banded attention blocks, chunked linear
+    # recurrences, selective scans, diagonal state-space models
+    "banded", "linear_recurrence", "selective", "ssm",
+    "DiagonalSSM", "DiagonalSSMConfig", "causal_fft_conv", "compute_dtype",
+    "band", "block_bias", "gather_blocks", "keep_last", "run_blocks",
     # registration
     "hookimpl", "AttentionSpec", "MixerSpec", "PositionSpec", "ModelSpec", "TaskSpec",
     # hyper-parameters: bounds (hard limits) and search ranges

@@ -258,7 +258,7 @@ def test_linformer_is_fixed_length_and_bidirectional_only(registry):
         layer(torch.randn(1, 4, D, dtype=F64), causal=True, cache=layer.new_cache())
     assert layer.state_size(5) == 0
     spec = registry.get("attention", "linformer")
-    assert spec.directions == {"bidirectional"} and "cached_decoding" in spec.exempt
+    assert spec.directions == {"bidirectional"} and "permutation_equivariance" in spec.exempt
     with pytest.raises(ConfigError, match="lm|bidirectional|causal"):
         harness.create_model("transformer", vocab_size=10, attention="linformer", position="none",
                              registry=registry)

@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn.banded import band, block_bias, gather_blocks, keep_last, run_blocks
 from harness.plugin import (
     Attention,
     AttentionCache,
@@ -59,8 +58,13 @@ from harness.plugin import (
     Ge,
     IntRange,
     allowed_mask,
+    band,
+    block_bias,
+    gather_blocks,
     hookimpl,
+    keep_last,
     masked_softmax,
+    run_blocks,
 )
 
 

@@ -60,8 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from harness.nn import selective
-from harness.plugin import Choice, Complexity, Ge, MixerSpec, hookimpl
+from harness.plugin import Choice, Complexity, Ge, MixerSpec, hookimpl, selective
 
 WHY_NOT = {
     "qk": "Mamba forms no queries and keys to rotate: B and C are input-dependent write and "

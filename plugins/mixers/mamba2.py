@@ -57,8 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn import selective
-from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, hookimpl
+from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, hookimpl, selective
 
 WHY_NOT = {
     "qk": "Mamba-2's C and B act as queries and keys only in its dual (attention-like) form; "
