@@ -101,7 +101,8 @@ def mean_interval(values: Values, confidence: float = 0.95, *, seed: int = 0,
     if arr.size < 2:
         return Interval(math.nan, math.nan, method, confidence)
     m = float(arr.mean())
-    if np.ptp(arr) == 0:
+    sem = float(scipy.stats.sem(arr))
+    if np.ptp(arr) == 0 or sem == 0:  # no spread (or one that underflows)
         return Interval(m, m, method, confidence)
     if method == BCA:
         with warnings.catch_warnings():
@@ -113,7 +114,7 @@ def mean_interval(values: Values, confidence: float = 0.95, *, seed: int = 0,
         if math.isfinite(low) and math.isfinite(high):
             return Interval(float(low), float(high), BCA, confidence)
         method = STUDENT_T  # BCa undefined for these values (for example two distinct values)
-    low, high = scipy.stats.t.interval(confidence, arr.size - 1, loc=m, scale=scipy.stats.sem(arr))
+    low, high = scipy.stats.t.interval(confidence, arr.size - 1, loc=m, scale=sem)
     return Interval(float(low), float(high), method, confidence)
 
 
@@ -132,7 +133,7 @@ def sign_flip_p(differences: Values, *, seed: int = 0, n_resamples: int = 100_00
     d = _clean(differences)
     if d.size == 0:
         return math.nan
-    if not d.any():
+    if d.size == 1 or not d.any():  # one pair: both sign patterns are as extreme
         return 1.0
     res = scipy.stats.permutation_test(
         (d,), np.mean, permutation_type="samples", vectorized=True, alternative="two-sided",

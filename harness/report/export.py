@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
@@ -166,7 +167,7 @@ def latex_table(results: list[CandidateResult], verdict: Verdict, protocol: Prot
            else r" No difference is resolved: no candidate is marked.")
         + (r" $\star$: on the quality-versus-cost front." if verdict.front else "")
         + "}",
-        rf"  \label{{tab:{tex(protocol.study)}}}",
+        rf"  \label{{tab:{re.sub(r'[^A-Za-z0-9:-]', '-', protocol.study)}}}",
         r"  \begin{tabular}{rlllllr}",
         r"    \toprule",
         r"    Rank & Candidate & Model & " + tex(protocol.objective)

@@ -148,7 +148,8 @@ def first_line(verdict: Verdict, protocol: Protocol) -> str | None:
     study that is not complete."""
     parts = []
     if not verdict.floor.possible and len(verdict.order) - len(verdict.unranked) > 1:
-        parts.append("No difference can be resolved: " + verdict.floor.sentence())
+        sentence = verdict.floor.sentence()
+        parts.append("Too few seeds: " + sentence[0].upper() + sentence[1:])
     if not protocol.complete:
         parts.append("The study is not complete: the numbers below are partial.")
     return " ".join(parts) or None
