@@ -281,3 +281,51 @@ def test_golden_study_says_what_the_values_show():
     assert learned.vs_best.paired.p_adjusted == pytest.approx(3 * 2 / 2**7)
     assert learned.params_off == pytest.approx(0.024)
     assert results[2].params_off == pytest.approx(-0.0976)
+
+
+# -- figures -----------------------------------------------------------------------------------
+@pytest.fixture
+def captured(monkeypatch, tmp_path):
+    """The figures harness.plots draws, kept open for inspection instead of saved."""
+    from harness import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=110: figs.append(fig) or Path(path))
+    return figs
+
+
+def test_extrapolation_figure_ticks_every_length_and_bands(captured, tmp_path):
+    from harness.report.figures import extrapolation, palette
+
+    results, proto = golden_study()
+    analyze(results, proto)
+    colors = palette([r.name for r in results])
+    assert extrapolation(results, proto, colors, tmp_path / "x.png") is not None
+    ax = captured[0].axes[0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["16", "32"]
+    assert any("training length (16)" in t.get_text() for t in ax.get_legend().get_texts())
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for r in results[:3]:  # one colour per candidate, as in the palette
+        assert lines[r.name].get_color() == colors[r.name]
+        assert list(lines[r.name].get_ydata()) == pytest.approx([r.by_length[16], r.by_length[32]])
+    assert len(ax.collections) == 3  # a band per candidate with values
+    assert palette(["a", "b"]) == {k: v for k, v in list(palette(["a", "b", "c"]).items())[:2]}
+
+
+def test_attention_maps_are_labelled(captured, tmp_path):
+    from harness.plots import attention_maps
+
+    maps = [np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 4)) for _ in range(2)]
+    attention_maps(maps, tmp_path / "a.png", title="run", tokens=["a", "b", "c", "d"], text="a b c d")
+    fig = captured[0]
+    assert [ax.get_title() for ax in fig.axes] == [f"layer {i} · head {h}" for i in (0, 1) for h in (0, 1)]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b", "c", "d"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b", "c", "d"]
+    assert fig._suptitle.get_text() == "run\na b c d"
+
+
+def test_importance_needs_enough_trials():
+    from harness.report.figures import importance_min_trials
+
+    assert [importance_min_trials(p) for p in (1, 2, 3, 5, 8)] == [10, 10, 20, 20, 32]

@@ -62,7 +62,7 @@ def seeds_strip(results: list[CandidateResult], verdict: Verdict, protocol: Prot
                   rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(protocol.objective)
     label = shown[0].interval.label if shown[0].interval else ""
-    ax.set_title(f"Each confirmation seed (points, seed numbers), mean (bar) and {label} "
+    ax.set_title(f"Each confirmation seed (points, with seed numbers)\nmean (bar), {label} "
                  f"interval (line)", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
