@@ -42,11 +42,28 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
 
     cfg = load_study_config(args.file, args.study_name)
     space = validate(cfg, load_registry(cfg))
+    _warn_seeds(cfg)
     _quiet(workers=True)
     url = args.storage or default_storage_url()
     r = cfg.resume
     storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
     return create_or_resume(space, storage, url, args.tracking_uri), space
+
+
+def _warn_seeds(cfg: Any) -> None:
+    """Before anything trains: say so when the confirmation seeds are too few for the study's
+    test to resolve any difference (Holm over every pair of candidates)."""
+    import sys
+
+    from harness.stats import resolution_floor
+
+    k = len(cfg.candidates)
+    if k < 2:
+        return
+    floor = resolution_floor(cfg.confirm.test, cfg.confirm.seeds, k * (k - 1) // 2,
+                             round(1 - cfg.confirm.confidence, 12))
+    if not floor.possible:
+        print(f"warning: {floor.sentence()}", file=sys.stderr, flush=True)
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
@@ -57,9 +74,11 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
+    from harness.report.export import parse_formats
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker
 
+    formats = parse_formats(args.format)  # a typo fails now, not after the training
     handle, space = _prepare(args)
     for note in handle.record.get("notes", []):
         print(f"note: {note}")
@@ -71,10 +90,11 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     print(describe(handle, progress(handle)))
     storage = f" --storage {args.storage}" if args.storage else ""
     if summary.complete and args.report:
-        from harness.report.write import write_report
+        from harness.report.write import write_report, written_files
 
-        out = write_report(handle, args.out)
-        print(f"report: {out / 'results.md'} (also logged to the parent run)")
+        out = write_report(handle, args.out, formats=formats)
+        print(f"report: {', '.join(map(str, written_files(out, formats)))} (also logged to the "
+              f"parent run)")
     elif summary.complete:
         print(f"write the report with `harness report {handle.name}{storage}`; browse with `harness ui`")
     return 0
@@ -103,14 +123,23 @@ def cmd_study_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.write import write_report
+    from harness.report.export import parse_formats
+    from harness.report.write import write_report, written_files
 
+    formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
-    out = write_report(handle, args.out)
+    out = write_report(handle, args.out, formats=formats)
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
-    for name in ("results.md", "results.html", "summary.json"):
-        print(f"  {out / name}")
+    for path in written_files(out, formats):
+        print(f"  {path}")
     return 0
+
+
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", action="append", default=None, metavar="FORMAT",
+                   help="md, html, csv, latex, json (repeat or give a comma list; default "
+                        "md,html,json). csv: candidates.csv and seeds.csv; latex: table.tex "
+                        "(booktabs)")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -124,6 +153,7 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--study-name", default=None, help="override the study's name")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_study_run)
 
@@ -143,5 +173,6 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("study", help="study name")
     p.add_argument("--out", default=None,
                    help="report folder (default: $HARNESS_HOME/reports/<study>)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_report)

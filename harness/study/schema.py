@@ -106,7 +106,17 @@ class PrunerConfig(Strict):
 class ConfirmConfig(Strict):
     seeds: int = Field(3, ge=1, description="fresh seeds per candidate's best configuration")
     baseline: str | None = Field(None, description="candidate the others are tested against")
-    confidence: float = Field(0.95, gt=0, lt=1)
+    confidence: float = Field(0.95, gt=0, lt=1, description="intervals; the tests' level is 1 - confidence")
+    # Both default to what studies did before they existed and are left out of the
+    # fingerprint at that default, so existing studies resume.
+    test: Literal["sign_flip", "t"] = Field(
+        "sign_flip", exclude_if=lambda v: v == "sign_flip",
+        description="paired test: exact sign-flip permutation test (no assumption; its smallest "
+                    "p-value is 2/2^seeds) or paired t-test (assumes roughly normal differences)")
+    vary_data: bool = Field(
+        False, strict=True, exclude_if=lambda v: not v,
+        description="each confirmation seed also draws a fresh data sample (train.data_seed = "
+                    "data_seed + k for the k-th seed, the same k for every candidate)")
 
 
 class ResumeConfig(Strict):
@@ -170,6 +180,12 @@ class StudyConfig(Strict):
     def confirm_seeds(self) -> list[int]:
         """Fresh seeds: never the tuning seed."""
         return [self.seed + 1 + i for i in range(self.confirm.seeds)]
+
+    def confirm_data_seed(self, seed: int) -> int:
+        """The task data seed of the confirmation run with training seed ``seed``: the
+        study's ``data_seed``, or with ``confirm.vary_data`` a fresh one per seed (the k-th
+        confirmation seed gets ``data_seed + k``, for every candidate alike)."""
+        return self.data_seed + (seed - self.seed) if self.confirm.vary_data else self.data_seed
 
     def protocol_dict(self) -> dict[str, Any]:
         """What a resumed study must not change (everything but runtime settings)."""

@@ -151,6 +151,15 @@ class StudySpace:
             model["params"][cand.width_param] = width
         return run
 
+    def confirm_run_config(self, best_run: dict[str, Any], seed: int) -> dict[str, Any]:
+        """A confirmation run: the best tuning configuration re-run with training seed
+        ``seed`` (initialisation and data order) and, with ``confirm.vary_data``, a fresh data
+        sample (:meth:`StudyConfig.confirm_data_seed`)."""
+        run = copy.deepcopy(best_run)
+        run["train"]["seed"] = seed
+        run["train"]["data_seed"] = self.config.confirm_data_seed(seed)
+        return run
+
     # -- parameter-count matching -------------------------------------------------------
     @cached_property
     def task(self) -> Any:
@@ -257,6 +266,15 @@ def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
     raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {first_error}") from None
 
 
+def _same_data(space: StudySpace) -> bool:
+    """Whether the task draws the same training examples for another data seed."""
+    spec = space.registry.get("task", space.config.task.name)
+    params = resolve(spec.config, space.config.task.params, "task.params")
+    other = spec.build(params, seed=space.config.data_seed + 1)
+    n = space.train_length
+    return list(other.examples("train", n)[:16]) == list(space.task.examples("train", n)[:16])
+
+
 def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     """Check everything that can be checked before a trial runs: names, fixed values, ranges,
     pairings, task compatibility, the objective's evaluation length, parameter matching."""
@@ -282,6 +300,9 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         space.notes.append(
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
         )
+    if config.confirm.vary_data and _same_data(space):
+        space.notes.append(f"confirm.vary_data has no effect: the data of task "
+                           f"'{config.task.name}' does not depend on its seed")
     if config.cost is not None and config.cost.metric == "peak_memory":
         space.notes.append("peak_memory on CPU is the run's peak resident memory (it "
                            "includes the interpreter); on GPUs the run's peak allocation")
