@@ -26,7 +26,8 @@ from harness.config import parse_run_config
 from harness.errors import ConfigError
 from harness.params import declared_params, resolve
 from harness.registry import KINDS
-from harness.run.plan import build_model, build_task, plan, task_info
+from harness.run.build import build_model, build_task, task_info
+from harness.run.plan import plan
 
 D_MODEL, HEADS, LENGTH = 16, 2, 5
 
