@@ -102,7 +102,9 @@ def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, 
                                       "points": {str(k): v for k, v in curve.items()}},
                              "plots/extrapolation.json")
         if p.config.train.log_attention and (p.attention is not None or p.attention_roles):
-            for i, maps in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
+            for i, (maps, ids) in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
+                tokens = [task.vocab.token(t) for t in ids] or None
                 path = plots.attention_maps(maps, Path(tmp) / f"attention_{i}.png",
-                                            title=f"{default_run_name(p)} — example {i}")
+                                            title=f"{default_run_name(p)} — example {i}",
+                                            tokens=tokens, text=task.vocab.decode(ids) if ids else "")
                 tracker.log_artifact(run_id, path, "attention")
