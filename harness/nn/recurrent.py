@@ -84,6 +84,12 @@ class RecurrentLM(nn.Module):
         if config.tie_embeddings and not self.classify:
             self.head.weight = self.embed.weight
 
+    def state_size(self, length: int) -> int:
+        """Decoding-state elements per sequence: every layer's hidden state (and cell state
+        for an LSTM), whatever the length."""
+        rnn = self.rnn
+        return rnn.num_layers * rnn.hidden_size * (2 if self.cell == "lstm" else 1)
+
     def new_cache(self) -> RecurrentCache:
         return RecurrentCache()
 

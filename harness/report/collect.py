@@ -133,8 +133,14 @@ def cost_value(metrics: dict[str, float], cost: str) -> float:
 
 
 def front_cost(handle: StudyHandle) -> str:
-    """The cost on the front's x axis: the study's cost objective, else parameters."""
-    return handle.config.cost.metric if handle.config.cost else "params"
+    """The cost on the front's x axis: the study's ``front``, else its cost objective, else the
+    budget it matches (decoding-state size or parameters)."""
+    cfg = handle.config
+    if cfg.front:
+        return cfg.front
+    if cfg.cost:
+        return cfg.cost.metric
+    return "state_size" if cfg.budget.state_size else "params"
 
 
 # -- collecting -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from harness import tracking
 from harness.keys import Metric, Tag, component_tag, val_key
@@ -73,7 +74,22 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     metrics.update(peak)
     metrics[Metric.TRAIN_STEPS] = float(fitted.steps)
     metrics[Metric.PARAMS] = float(built.num_params)
+    state = decoding_state_size(built.model, built.info.max_length)
+    if state is not None:
+        metrics[Metric.STATE_SIZE] = float(state)
     return metrics
+
+
+def decoding_state_size(model: Any, length: int) -> int | None:
+    """What a model keeps per sequence to decode after ``length`` positions (its
+    ``state_size``), or None for a model that does not say (it does not decode)."""
+    measure = getattr(model, "state_size", None)
+    if measure is None:
+        return None
+    try:
+        return int(measure(length))
+    except (NotImplementedError, ValueError):  # a layer without a decoding form (Linformer)
+        return None
 
 
 def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
