@@ -148,6 +148,8 @@ class StudyTracking(Strict):
 
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
+    profile: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="the profile of the study file it was loaded with")
     name: str | None = Field(None, pattern=NAME_PATTERN)
     description: str = ""
     task: ComponentConfig
@@ -248,14 +250,21 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
         raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
 
 
-def load_study_config(path: str | Path, name: str | None = None) -> StudyConfig:
-    """Read a study YAML; the study's name defaults to the file's stem."""
+def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
+    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`); the study's
+    name defaults to the file's stem, suffixed with the profile."""
+    from harness.study import profiles
+
     data = read_yaml(path)
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
+    data, chosen = profiles.apply(data, profile, str(path))
     base = Path(path).resolve().parent
     data["plugins"] = [str((base / p).resolve()) for p in data.get("plugins") or []]
     if name is not None:
         data["name"] = name
-    data.setdefault("name", Path(path).stem)
+    else:
+        stem = data.get("name") or Path(path).stem
+        data["name"] = f"{stem}-{chosen}" if chosen else stem
+    data["profile"] = chosen
     return parse_study_config(data, str(path))
