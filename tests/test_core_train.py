@@ -293,3 +293,17 @@ def test_attention_maps_carry_each_examples_tokens_for_the_axis_labels(registry)
         lm = example["src"] + [3] + example["tgt"]  # src SEP tgt, inputs drop the last token
         assert ids == lm[:-1]
         assert len(maps) == 2 and all(m.shape[-2:] == (len(ids), len(ids)) for m in maps)
+
+
+def test_the_project_store_is_found_from_a_sub_folder_like_git_finds_its_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARNESS_HOME")
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    assert tracking.home() == project / ".harness"  # none yet: a new one here
+    (project / ".harness").mkdir()
+    monkeypatch.chdir(project / "src" / "deep")
+    assert tracking.home() == project / ".harness"
+    assert tracking.tracking_uri() == f"sqlite:///{project / '.harness' / 'mlflow.db'}"
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "elsewhere"))
+    assert tracking.home() == tmp_path / "elsewhere"
