@@ -217,9 +217,8 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
             config = config or dict(run.data.params)
         seeds.sort(key=lambda s: s.seed)
-        label = " · ".join(x for x in (cand.model.name,
-                                       cand.model.attention.name if cand.model.attention else "",
-                                       cand.model.position.name if cand.model.position else "") if x)
+        label = " · ".join(c.name for c in (cand.model, cand.model.attention, cand.model.mixer,
+                                            cand.model.position) if c is not None)
         results.append(CandidateResult(
             cand.name, label, seeds,
             {"complete": prog.complete, "pruned": prog.pruned, "failed": prog.failed,
