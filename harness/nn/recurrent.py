@@ -46,6 +46,13 @@ class RecurrentCache:
         self.state: State | None = None
         self.length = 0
 
+    def numel_per_sequence(self) -> int:
+        """Elements kept per sequence of the batch (``h``, and ``c`` for an LSTM)."""
+        if self.state is None:
+            return 0
+        tensors = self.state if isinstance(self.state, tuple) else (self.state,)
+        return sum(t.numel() // t.shape[1] for t in tensors)  # (layers, B, H)
+
 
 @dataclass
 class RecurrentConfig:
