@@ -69,7 +69,7 @@ from harness.data import (
     as_lm,
     lm_windows,
 )
-from harness.decoding import edit_distance, greedy
+from harness.decoding import edit_distance, greedy, greedy_steps
 from harness.errors import ConfigError, PluginError
 from harness.hookspecs import hookimpl
 from harness.nn import banded, linear_recurrence, selective, ssm
@@ -123,5 +123,5 @@ __all__ = [
     "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
-    "greedy", "edit_distance",
+    "greedy", "greedy_steps", "edit_distance",
 ]

@@ -33,9 +33,6 @@ import torch
 from torch import Tensor, nn
 
 from harness.plugin import (
-    BOS,
-    EOS,
-    PAD,
     Choice,
     FloatRange,
     Ge,
@@ -46,6 +43,7 @@ from harness.plugin import (
     ScaledEmbedding,
     TaskInfo,
     TransformerBlock,
+    greedy_steps,
     hookimpl,
 )
 
@@ -161,17 +159,12 @@ class EncoderDecoder(nn.Module):
         emitted EOS (the rest is PAD)."""
         memory, _ = self.encode(src, src_padding_mask)
         cache = self.new_cache()
-        out = torch.full((src.shape[0], max_len), PAD, dtype=torch.long, device=src.device)
-        token = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
-        finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for t in range(max_len):
-            logits, _ = self.decode(token, memory, src_padding_mask, cache=cache)
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            out[:, t] = token[:, 0]
-            finished |= token[:, 0] == EOS
-            if bool(finished.all()):
-                break
-        return out
+
+        def next_logits(token: Tensor) -> Tensor:
+            logits, _ = self.decode(token[:, None], memory, src_padding_mask, cache=cache)
+            return logits[:, -1]
+
+        return greedy_steps(next_logits, src.shape[0], max_len, src.device)
 
 
 @hookimpl
