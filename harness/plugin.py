@@ -95,7 +95,12 @@ from harness.nn.blocks import (
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
-from harness.nn.running_sums import RunningSumAttention, kernel_weights, ratio_or_zero
+from harness.nn.running_sums import (
+    RunningSumAttention,
+    causal_block,
+    kernel_weights,
+    ratio_or_zero,
+)
 from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv, compute_dtype
 from harness.params import Choice, FloatRange, IntRange, NoParams
 from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
@@ -115,7 +120,7 @@ __all__ = [
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
-    "RunningSumAttention", "kernel_weights", "ratio_or_zero",
+    "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers
     "Mixer", "LayerCache", "Complexity",
     # position schemes

@@ -3,8 +3,9 @@
 Linear attention and Performer compute out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j)
 with their own feature map φ. What they share lives here: :class:`RunningSumAttention`
 (declarations, a decoding cache that keeps no keys, the checks of a call, the keys kept
-under padding and key dropout), :func:`ratio_or_zero` and :func:`kernel_weights` (the
-weights formed explicitly, for logging). Imports torch and :mod:`harness.nn.attention` only.
+under padding and key dropout), :func:`ratio_or_zero`, :func:`causal_block` (one block of
+the chunked causal prefix sums) and :func:`kernel_weights` (the weights formed
+explicitly, for logging). Imports torch and :mod:`harness.nn.attention` only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from harness.nn.mixer import Complexity
 def ratio_or_zero(num: Tensor, den: Tensor) -> Tensor:
     """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
     return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def causal_block(qc: Tensor, kc: Tensor, vc: Tensor, kv: Tensor, z: Tensor,
+                 later: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One block of the causal prefix sums: features of queries ``qc`` and keys ``kc``
+    (B, H, w, F), values ``vc``, the running sums ``kv`` (B, H, F, Dv) and ``z`` (B, H, F)
+    over the keys before the block, ``later`` a (c, c) mask of j > i (c >= w). Returns the
+    block's outputs and the sums extended by its keys: the running sums carry everything
+    before the block, a w x w lower-triangular product covers the block itself."""
+    w = qc.shape[2]
+    local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:w, :w], 0.0)
+    num = qc @ kv + local @ vc
+    den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
+    return ratio_or_zero(num, den), kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
 
 
 def kernel_weights(kernel: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:

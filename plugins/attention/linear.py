@@ -44,6 +44,7 @@ from harness.plugin import (
     AttentionSpec,
     Ge,
     RunningSumAttention,
+    causal_block,
     hookimpl,
     kernel_weights,
     ratio_or_zero,
@@ -87,12 +88,8 @@ def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None,
     outs = []
     for s in range(0, n, chunk):
         qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
-        m = qc.shape[2]
-        local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:m, :m], 0.0)
-        num = qc @ kv + local @ vc
-        den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
-        outs.append(ratio_or_zero(num, den))
-        kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+        out, kv, z = causal_block(qc, kc, vc, kv, z, later)
+        outs.append(out)
     if state is not None:
         state["kv"], state["z"] = kv, z
     return torch.cat(outs, dim=2)

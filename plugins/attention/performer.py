@@ -69,6 +69,7 @@ from harness.plugin import (
     Ge,
     IntRange,
     RunningSumAttention,
+    causal_block,
     hookimpl,
     kernel_weights,
     ratio_or_zero,
@@ -200,12 +201,8 @@ class PerformerAttention(RunningSumAttention):
             rescale = torch.exp(m - new_m)
             kv, z, m = kv * rescale, z * rescale[..., 0], new_m
             kc = torch.exp(lkc - m)
-            w = qc.shape[2]
-            local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:w, :w], 0.0)
-            num = qc @ kv + local @ vc
-            den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
-            outs.append(ratio_or_zero(num, den))
-            kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+            out, kv, z = causal_block(qc, kc, vc, kv, z, later)
+            outs.append(out)
         if state is not None:
             state["kv"], state["z"], state["m"] = kv, z, m
         return torch.cat(outs, dim=2)
