@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionConfig,
     AttentionSpec,
     Ge,
@@ -95,7 +95,7 @@ def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None,
     return torch.cat(outs, dim=2)
 
 
-class LinearAttention(RunningSumAttention):
+class LinearAttention(RunningSumAttention):  # same shape as performer.py by design: one file per variant
     """Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding."""
 
     label = "linear attention"

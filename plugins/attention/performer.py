@@ -63,7 +63,7 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionConfig,
     AttentionSpec,
     Ge,
@@ -109,7 +109,7 @@ def _wide(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-class PerformerAttention(RunningSumAttention):
+class PerformerAttention(RunningSumAttention):  # same shape as linear.py by design: one file per variant
     """Performer (FAVOR+): softmax attention estimated with positive orthogonal random features; O(L), O(1) decoding."""
 
     label = "performer"

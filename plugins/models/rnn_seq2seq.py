@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionCache,
     BidirectionalEncoder,
     Choice,
@@ -174,6 +174,7 @@ class RNNSeq2Seq(nn.Module):
         return greedy_steps(next_logits, src.shape[0], max_len, src.device)
 
 
+# the registration every model file has (one file per variant), alike by design
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(
