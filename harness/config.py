@@ -16,6 +16,7 @@ against the plugin's declared dataclass when the run is built (``harness.run.pla
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,18 +117,33 @@ class RunConfig(Strict):
         return paths
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def dotted_loc(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as ``model.params.d_model``."""
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def format_validation_error(
+    exc: ValidationError,
+    source: str,
+    *,
+    what: str = "config",
+    fields: str = "the README",
+    loc: Callable[[tuple[Any, ...]], str] = dotted_loc,
+    strip_value_error: bool = False,
+) -> str:
+    """One paragraph naming each of the first five problems: ``invalid {what} in {source}:
+    field: problem; ...``. ``fields``: where the valid fields are listed; ``loc`` formats a
+    field's location; ``strip_value_error`` drops pydantic's "Value error, " prefix."""
     parts = []
     for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ") if strip_value_error else err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see the README for the fields)"
+            msg = f"unknown field (check the spelling; see {fields} for the fields)"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        parts.append(f"{loc}: {msg}")
+        parts.append(f"{loc(tuple(err['loc']))}: {msg}")
     more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
-    return f"invalid config in {source}: " + "; ".join(parts) + more + "."
+    return f"invalid {what} in {source}: " + "; ".join(parts) + more + "."
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -30,7 +30,8 @@ A model that takes ``lm`` batches also serves ``seq2seq`` tasks: each example be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
@@ -130,6 +131,18 @@ class Task:
 
     def generate(self, split: str, length: int) -> Sequence[Example]:
         raise NotImplementedError
+
+    def transduction_examples(self, split: str, length: int,
+                              target: Callable[[list[int]], list[int]]) -> list[Example]:
+        """Seq2seq examples of a symbol task (copy, reverse, sort): each source is ``length``
+        symbols drawn uniformly from the vocabulary's symbols, its target ``target(source)``."""
+        rng = random.Random(self.split_seed(split, length))
+        first, n = self.vocab.first_symbol, len(self.vocab.symbols)
+        out = []
+        for _ in range(self.split_size(split)):
+            src = [first + rng.randrange(n) for _ in range(length)]
+            out.append({"src": src, "tgt": target(src)})
+        return out
 
     def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat) -> dict[str, tuple[float, float]]:
         """Task-specific metrics on one validation batch, as (sum, count) pairs that are

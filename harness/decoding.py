@@ -54,6 +54,24 @@ def greedy(model: Any, examples: Sequence[Example], fmt: BatchFormat | str, max_
         model.train(was_training)
 
 
+def greedy_steps(next_logits: Callable[[Any], Any], batch: int, max_len: int, device: Any) -> Any:
+    """The greedy loop of a seq2seq model's ``greedy_decode``: from BOS, feed back the argmax
+    of ``next_logits(tokens (B,)) -> logits (B, V)``; returns (B, max_len) token ids, PAD
+    after every row has emitted EOS (the loop stops there)."""
+    import torch
+
+    out = torch.full((batch, max_len), PAD, dtype=torch.long, device=device)
+    token = torch.full((batch,), BOS, dtype=torch.long, device=device)
+    finished = torch.zeros_like(token, dtype=torch.bool)
+    for t in range(max_len):
+        token = next_logits(token).argmax(-1)
+        out[:, t] = token
+        finished |= token == EOS
+        if bool(finished.all()):
+            break
+    return out
+
+
 def _lm_greedy(model: Any, prompt: list[int], max_len: int, device: Any) -> list[int]:
     import torch
 

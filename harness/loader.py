@@ -143,6 +143,7 @@ def load(
     return registry
 
 
+# load()'s parameters again, by design: this answers what load() would load with them
 def sources_of(
     local_files: Iterable[str | os.PathLike[str]] = (),
     *,

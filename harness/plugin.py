@@ -69,7 +69,7 @@ from harness.data import (
     as_lm,
     lm_windows,
 )
-from harness.decoding import edit_distance, greedy
+from harness.decoding import edit_distance, greedy, greedy_steps
 from harness.errors import ConfigError, PluginError
 from harness.hookspecs import hookimpl
 from harness.nn import banded, linear_recurrence, selective, ssm
@@ -95,6 +95,12 @@ from harness.nn.blocks import (
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
+from harness.nn.running_sums import (
+    RunningSumAttention,
+    causal_block,
+    kernel_weights,
+    ratio_or_zero,
+)
 from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv, compute_dtype
 from harness.params import Choice, FloatRange, IntRange, NoParams
 from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
@@ -114,6 +120,7 @@ __all__ = [
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
+    "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers
     "Mixer", "LayerCache", "Complexity",
     # position schemes
@@ -123,5 +130,5 @@ __all__ = [
     "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
-    "greedy", "edit_distance",
+    "greedy", "greedy_steps", "edit_distance",
 ]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 '''
 
+# One template per kind, alike by design: each is the complete file a new plugin starts from
 MODULES = {
     "attention": ("a softmax attention variant over negative squared query-key distances.", '''\
 import math

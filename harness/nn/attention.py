@@ -189,6 +189,7 @@ class Attention(nn.Module):
     #: for each hook a variant cannot apply, the reason (shown when a pairing is rejected)
     why_not: ClassVar[dict[str, str]] = {}
 
+    # keyword-only signature: its likeness to TransformerBlock.forward's is layout, not logic
     def __init__(
         self,
         d_model: int,
@@ -453,6 +454,7 @@ class FusedDotProductAttention(Attention):
         scale = self.score_scale if self.score_scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return (q * scale) @ k.transpose(-2, -1)
 
+    # the signature of Attention.attend, spelled out again: an override of the protocol
     def attend(
         self,
         q: Tensor,

@@ -128,6 +128,7 @@ class TransformerBlock(nn.Module):
         out, extra = fn(x)
         return norm(x + self.drop(out)), extra
 
+    # keyword-only signature: its likeness to Attention.__init__'s is layout, not logic
     def forward(
         self,
         x: Tensor,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.config import ComponentConfig, read_yaml
+from harness.config import ComponentConfig, format_validation_error, read_yaml
 from harness.errors import ConfigError
 from harness.keys import Metric
 
@@ -238,16 +238,9 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
     try:
         return StudyConfig.model_validate(dict(data))
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors()[:5]:
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field (check the spelling; see studies/quickstart.yaml for the fields)"
-            elif err["type"] == "missing":
-                msg = "required field is missing"
-            parts.append(f"{format_loc(tuple(err['loc']))}: {msg}")
-        more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
-        raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
+        raise ConfigError(format_validation_error(
+            exc, source, what="study", fields="studies/quickstart.yaml", loc=format_loc,
+            strip_value_error=True)) from None
 
 
 def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:

@@ -32,7 +32,7 @@ class DotProductConfig(AttentionConfig):
     heads: Annotated[int, Ge(1)] = 1  # the classic is single-head; not the model's head count
 
 
-class DotProductAttention(FusedDotProductAttention):
+class DotProductAttention(FusedDotProductAttention):  # same shape as general.py by design: one file per variant
     """Luong dot attention: unscaled h_tᵀ h_s, no query/key projections."""
 
     score_scale = 1.0  # unscaled

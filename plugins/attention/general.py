@@ -34,7 +34,7 @@ class GeneralConfig(AttentionConfig):
     heads: Annotated[int, Ge(1)] = 1  # the classic is single-head; not the model's head count
 
 
-class GeneralAttention(FusedDotProductAttention):
+class GeneralAttention(FusedDotProductAttention):  # same shape as dot_product.py by design: one file per variant
     """Luong general attention: bilinear h_tᵀ W_a h_s, unscaled."""
 
     score_scale = 1.0  # unscaled

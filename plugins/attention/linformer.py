@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     Attention,
     AttentionCache,
     AttentionConfig,
@@ -81,7 +81,7 @@ class LinformerConfig(AttentionConfig):
     sharing: Literal["none", "headwise", "key-value"] = "headwise"
 
 
-class LinformerAttention(Attention):
+class LinformerAttention(Attention):  # same shape as mixers/retnet.py by design: one file per variant
     """Linformer: keys and values projected along the sequence to k rows; O(L·k), bidirectional, fixed maximum length."""
 
     directions = frozenset({"bidirectional"})

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     Attention,
     AttentionCache,
     AttentionConfig,

@@ -63,16 +63,16 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor
 
-from harness.plugin import (
-    Attention,
-    AttentionCache,
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionConfig,
     AttentionSpec,
-    Complexity,
     Ge,
     IntRange,
-    allowed_mask,
+    RunningSumAttention,
+    causal_block,
     hookimpl,
+    kernel_weights,
+    ratio_or_zero,
 )
 
 WHY_NOT_BIAS = (
@@ -109,17 +109,10 @@ def _wide(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def normalise(num: Tensor, den: Tensor) -> Tensor:
-    """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
-    return num / torch.where(den > 0, den, torch.ones_like(den))
-
-
-class PerformerAttention(Attention):
+class PerformerAttention(RunningSumAttention):  # same shape as linear.py by design: one file per variant
     """Performer (FAVOR+): softmax attention estimated with positive orthogonal random features; O(L), O(1) decoding."""
 
-    memory_state = True  # the sums over the memory, kept by the cross cache
-    complexity = Complexity(time="L", memory="L", decode="1", state="1")
-    position_hooks = frozenset({"embedding", "qk"})
+    label = "performer"
     why_not = {"bias": WHY_NOT_BIAS}
 
     def __init__(self, config: PerformerConfig, *, d_model: int, num_heads: int) -> None:
@@ -148,19 +141,9 @@ class PerformerAttention(Attention):
         lq = self.log_features(q)
         return torch.exp(lq - lq.amax(dim=-1, keepdim=True).detach())
 
-    def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
-                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        # Keys and values are folded into the running sums by attend(); keep nothing else.
-        cache.length = int(k_pos[-1]) + 1
-        return k, v, k_pos, key_padding_mask
-
     def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
                state=None, cross=False):
-        if bias is not None:
-            raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
-        if need_weights and state is not None and not cross:
-            raise ValueError("performer cannot return weights during cached decoding: the cache "
-                             "keeps running sums, not keys. Run a full pass.")
+        self.check_call(bias=bias, need_weights=need_weights, state=state, cross=cross)
         if self.training and state is None:
             self.training_calls += 1
             if self.redraw_every and self.training_calls % self.redraw_every == 0:
@@ -171,12 +154,7 @@ class PerformerAttention(Attention):
         if memo is not None and "kv" in memo and not need_weights:
             return self._read(fq, memo, v.dtype), None
         lk = self.log_features(k)
-        keep = None
-        if key_padding_mask is not None:
-            keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
-        if dropping:
-            kept = torch.rand(*lk.shape[:3], 1, device=lk.device) >= self.dropout
-            keep = kept if keep is None else keep & kept
+        keep = self.kept_keys(key_padding_mask, lk, dropping)
         if keep is not None:
             lk = lk.masked_fill(~keep, float("-inf"))
         vw = _wide(v)
@@ -203,7 +181,7 @@ class PerformerAttention(Attention):
 
     @staticmethod
     def _read(fq: Tensor, sums: dict[str, Tensor], dtype: torch.dtype) -> Tensor:
-        return normalise(fq @ sums["kv"], fq @ sums["z"].unsqueeze(-1)).to(dtype)
+        return ratio_or_zero(fq @ sums["kv"], fq @ sums["z"].unsqueeze(-1)).to(dtype)
 
     def _prefix_sums(self, fq: Tensor, lk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
         """Query i sees keys j <= i: running sums across blocks, a triangle within one; the
@@ -223,12 +201,8 @@ class PerformerAttention(Attention):
             rescale = torch.exp(m - new_m)
             kv, z, m = kv * rescale, z * rescale[..., 0], new_m
             kc = torch.exp(lkc - m)
-            w = qc.shape[2]
-            local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:w, :w], 0.0)
-            num = qc @ kv + local @ vc
-            den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
-            outs.append(normalise(num, den))
-            kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+            out, kv, z = causal_block(qc, kc, vc, kv, z, later)
+            outs.append(out)
         if state is not None:
             state["kv"], state["z"], state["m"] = kv, z, m
         return torch.cat(outs, dim=2)
@@ -237,10 +211,7 @@ class PerformerAttention(Attention):
     def _weights(fq: Tensor, lk: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:
         """φ(q_i)·φ(k_j) / Σ_j' (for logging; forms the full matrix)."""
         kernel = fq @ torch.exp(lk - lk.amax(dim=(-2, -1), keepdim=True).clamp(min=FLOOR)).transpose(-2, -1)
-        allowed = allowed_mask(q_pos, k_pos, causal=causal)
-        if allowed is not None:
-            kernel = kernel.masked_fill(~allowed, 0.0)
-        return normalise(kernel, kernel.sum(dim=-1, keepdim=True))
+        return kernel_weights(kernel, q_pos, k_pos, causal)
 
 
 @hookimpl

@@ -65,7 +65,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
-class GatedDeltaNet(lr.RecurrentMixer):
+class GatedDeltaNet(lr.RecurrentMixer):  # same shape as gla.py by design: one file per variant
     """Gated DeltaNet: the delta rule with a data-dependent per-head decay (Mamba-2 gate) and an output gate."""
 
     complexity = Complexity(time="L", memory="L", decode="1", state="1")

@@ -58,7 +58,7 @@ class GLAConfig:
     chunk: Annotated[int, Ge(1), Le(4096)] = 16  # positions per chunk in training (speed only)
 
 
-class GLA(lr.RecurrentMixer):
+class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one file per variant
     """Gated linear attention (GLA): linear attention with a data-dependent forget gate per key dimension."""
 
     complexity = Complexity(time="L", memory="L", decode="1", state="1")

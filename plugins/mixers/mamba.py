@@ -62,6 +62,7 @@ from torch.autograd.function import once_differentiable
 
 from harness.plugin import Choice, Complexity, Ge, MixerSpec, hookimpl, selective
 
+# same shape as mamba2.py by design: each variant says why it takes no qk or bias hook
 WHY_NOT = {
     "qk": "Mamba forms no queries and keys to rotate: B and C are input-dependent write and "
           "read vectors of a recurrence whose order already encodes position",
@@ -185,7 +186,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0
     return SelectiveScan.apply(u, delta, A, B, C, h, chunk_size, parallel)  # type: ignore[no-any-return]
 
 
-class Mamba(selective.SelectiveMixer):
+class Mamba(selective.SelectiveMixer):  # same shape as mamba2.py by design: one file per variant
     """Mamba (Gu & Dao, 2023): a gated selective state-space model whose step size and input
     and output projections depend on the token (use with mlp: none for the paper's stack)."""
 

@@ -66,7 +66,7 @@ def retention_decays(num_heads: int) -> list[float]:
     return [math.log1p(-(2.0 ** (-5 - h))) for h in range(num_heads)]
 
 
-class RetNet(lr.RecurrentMixer):
+class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by design: one file per variant
     """Multi-scale retention (RetNet): fixed per-head decays, xPos-style rotation, GroupNorm and a swish gate."""
 
     complexity = Complexity(time="L", memory="L", decode="1", state="1")

@@ -32,10 +32,7 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.plugin import (
-    BOS,
-    EOS,
-    PAD,
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     Choice,
     FloatRange,
     Ge,
@@ -46,6 +43,7 @@ from harness.plugin import (
     ScaledEmbedding,
     TaskInfo,
     TransformerBlock,
+    greedy_steps,
     hookimpl,
 )
 
@@ -161,19 +159,15 @@ class EncoderDecoder(nn.Module):
         emitted EOS (the rest is PAD)."""
         memory, _ = self.encode(src, src_padding_mask)
         cache = self.new_cache()
-        out = torch.full((src.shape[0], max_len), PAD, dtype=torch.long, device=src.device)
-        token = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
-        finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for t in range(max_len):
-            logits, _ = self.decode(token, memory, src_padding_mask, cache=cache)
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            out[:, t] = token[:, 0]
-            finished |= token[:, 0] == EOS
-            if bool(finished.all()):
-                break
-        return out
+
+        def next_logits(token: Tensor) -> Tensor:
+            logits, _ = self.decode(token[:, None], memory, src_padding_mask, cache=cache)
+            return logits[:, -1]
+
+        return greedy_steps(next_logits, src.shape[0], max_len, src.device)
 
 
+# the registration every model file has (one file per variant), alike by design
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(

@@ -14,7 +14,7 @@ from typing import Any
 from harness.plugin import ModelSpec, RecurrentLM, hookimpl
 
 
-class GRU(RecurrentLM):
+class GRU(RecurrentLM):  # same shape as lstm.py by design: one file per variant
     """Recurrent GRU language model / classifier (layers, width, dropout)."""
 
     cell = "gru"

@@ -14,7 +14,7 @@ from typing import Any
 from harness.plugin import ModelSpec, RecurrentLM, hookimpl
 
 
-class LSTM(RecurrentLM):
+class LSTM(RecurrentLM):  # same shape as gru.py by design: one file per variant
     """Recurrent LSTM language model / classifier (layers, width, dropout)."""
 
     cell = "lstm"

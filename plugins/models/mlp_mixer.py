@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     PAD,
     Choice,
     FeedForward,
@@ -133,6 +133,7 @@ class MLPMixer(nn.Module):
         return self.head(x[:, :length])  # type: ignore[no-any-return]
 
 
+# the registration every model file has (one file per variant), alike by design
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(

@@ -31,10 +31,7 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.plugin import (
-    BOS,
-    EOS,
-    PAD,
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionCache,
     BidirectionalEncoder,
     Choice,
@@ -44,6 +41,7 @@ from harness.plugin import (
     Lt,
     ModelSpec,
     TaskInfo,
+    greedy_steps,
     hookimpl,
     make_rnn,
 )
@@ -166,20 +164,17 @@ class RNNSeq2Seq(nn.Module):
     def greedy_decode(self, src: Tensor, src_padding_mask: Tensor | None, max_len: int) -> Tensor:
         """Free-running greedy outputs (B, max_len); stops once every row emitted EOS."""
         memory, state, feed, cross_cache = self._start(src, src_padding_mask)
-        out = torch.full((src.shape[0], max_len), PAD, dtype=torch.long, device=src.device)
-        token = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
-        finished = torch.zeros_like(token, dtype=torch.bool)
-        for t in range(max_len):
+
+        def next_logits(token: Tensor) -> Tensor:
+            nonlocal state, feed
             logits, state, feed, _ = self.step(token, state, feed, memory, src_padding_mask,
                                                cross_cache)
-            token = logits.argmax(-1)
-            out[:, t] = token
-            finished |= token == EOS
-            if bool(finished.all()):
-                break
-        return out
+            return logits
+
+        return greedy_steps(next_logits, src.shape[0], max_len, src.device)
 
 
+# the registration every model file has (one file per variant), alike by design
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import nn
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     Choice,
     FloatRange,
     Ge,
@@ -170,6 +170,7 @@ def layer_kinds(cfg: TransformerConfig, has_attention: bool, has_mixer: bool) ->
     return ["mixer" if has_mixer else "attention"] * cfg.layers
 
 
+# the registration every model file has (one file per variant), alike by design
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(

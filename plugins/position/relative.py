@@ -38,7 +38,7 @@ class RelativeConfig:
     clip: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 16
 
 
-class ShawRelative(PositionScheme):
+class ShawRelative(PositionScheme):  # same shape as sinusoidal.py by design: one file per variant
     """Clipped relative key embeddings as a q-dependent bias (Shaw et al., 2018)."""
 
     def __init__(self, config: RelativeConfig, *, head_dim: int, **context: Any) -> None:

@@ -20,7 +20,7 @@ class SinusoidalConfig:
     base: Annotated[float, Gt(1.0), FloatRange(100.0, 100_000.0, log=True)] = 10_000.0
 
 
-class Sinusoidal(PositionScheme):
+class Sinusoidal(PositionScheme):  # same shape as relative.py by design: one file per variant
     """Fixed sinusoids added to token embeddings (Vaswani et al., 2017)."""
 
     def __init__(self, config: SinusoidalConfig, *, d_model: int, **context: Any) -> None:

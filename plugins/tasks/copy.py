@@ -7,7 +7,6 @@ The ``length`` is the number of symbols to copy.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -29,13 +28,7 @@ class CopyTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(tuple(f"s{i}" for i in range(config.vocab))))
 
     def generate(self, split: str, length: int) -> list[Example]:
-        rng = random.Random(self.split_seed(split, length))
-        first, n = self.vocab.first_symbol, self.config.vocab
-        out = []
-        for _ in range(self.split_size(split)):
-            src = [first + rng.randrange(n) for _ in range(length)]
-            out.append({"src": src, "tgt": list(src)})
-        return out
+        return self.transduction_examples(split, length, list)
 
 
 @hookimpl

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     EOS,
     Choice,
     Example,

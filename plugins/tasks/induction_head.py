@@ -34,7 +34,7 @@ class InductionHeadConfig(TaskConfig):
     vocab: Annotated[int, Ge(2), IntRange(2, 1024, log=True)] = 16  # content symbols (without T)
 
 
-class InductionHeadTask(Task):
+class InductionHeadTask(Task):  # same shape as selective_copy.py by design: one file per variant
     """Recall the symbol that followed the earlier trigger token (H3)."""
 
     task_kind = "lm"

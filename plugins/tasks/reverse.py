@@ -11,11 +11,10 @@ decoding (``decode_eval: false`` skips it).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness.plugin import (
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     Example,
     Ge,
     IntRange,
@@ -44,16 +43,9 @@ class ReverseTask(Task):
     def __init__(self, config: ReverseConfig, *, seed: int) -> None:
         symbols = tuple(f"s{i}" for i in range(config.vocab))
         super().__init__(config, seed=seed, vocab=Vocab(symbols))
-        self.num_symbols = config.vocab
 
     def generate(self, split: str, length: int) -> list[Example]:
-        rng = random.Random(self.split_seed(split, length))
-        first = self.vocab.first_symbol
-        out = []
-        for _ in range(self.split_size(split)):
-            src = [first + rng.randrange(self.num_symbols) for _ in range(length)]
-            out.append({"src": src, "tgt": src[::-1]})
-        return out
+        return self.transduction_examples(split, length, lambda src: src[::-1])
 
     def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: Any) -> dict[str, tuple[float, float]]:
         """``greedy_exact``: the share of sources reversed exactly when the model decodes

@@ -43,7 +43,7 @@ class SelectiveCopyConfig(TaskConfig):
             )
 
 
-class SelectiveCopyTask(Task):
+class SelectiveCopyTask(Task):  # same shape as skip_dependency.py, induction_head.py by design: one file per variant
     """Mamba's selective copying: copy the content tokens, skip the noise."""
 
     task_kind = "seq2seq"

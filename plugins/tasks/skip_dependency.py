@@ -53,7 +53,7 @@ class SkipDependencyConfig(TaskConfig):
             )
 
 
-class SkipDependencyTask(Task):
+class SkipDependencyTask(Task):  # same shape as selective_copy.py by design: one file per variant
     """Predict the word bound to a cue far back ('check the battery log … it ran down')."""
 
     task_kind = "lm"

@@ -12,7 +12,6 @@ length. Decoder-only models see ``src SEP tgt`` and are scored on the target onl
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -37,13 +36,7 @@ class SortTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(symbols))
 
     def generate(self, split: str, length: int) -> list[Example]:
-        rng = random.Random(self.split_seed(split, length))
-        first, n = self.vocab.first_symbol, self.config.vocab
-        out = []
-        for _ in range(self.split_size(split)):
-            src = [first + rng.randrange(n) for _ in range(length)]
-            out.append({"src": src, "tgt": sorted(src)})
-        return out
+        return self.transduction_examples(split, length, sorted)
 
 
 @hookimpl
