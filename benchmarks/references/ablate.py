@@ -45,18 +45,19 @@ def spec(side: str, model: str, task: str, lr: float, label: str, *, seed: int =
 
 
 UNTIED = {"tie_embeddings": False}
-LRS = (1e-3, 3e-3)
 
 
 def g_tying() -> list[dict[str, Any]]:
-    """Transformer on recall, harness module in the plain loop: tying and embedding scale."""
+    """Transformer on recall, harness module in the plain loop (no warm-up, no schedule, no
+    clipping): tying, the x sqrt(d) embedding scale and the embedding init, one at a time."""
     m, t = "transformer", "associative_recall"
     out = []
-    for lr in LRS:
+    for lr in (3e-4, 1e-3):
         out += [
+            spec("ref", m, t, lr, "reference (untied, N(0,1) embedding)"),
             spec("module", m, t, lr, "default: tied, x sqrt(d)"),
-            spec("module", m, t, lr, "tied, no x sqrt(d)", patch="embed_unscaled"),
-            spec("module", m, t, lr, "tied, GPT-2 init N(0, 0.02²)", patch="embed_gpt2"),
+            spec("module", m, t, lr, "tied, no x sqrt(d) (N(0,1/d) lookups)", patch="embed_unscaled"),
+            spec("module", m, t, lr, "tied, GPT-2 init N(0, 0.02²), no scale", patch="embed_gpt2"),
             spec("module", m, t, lr, "untied, x sqrt(d)", params=UNTIED),
             spec("module", m, t, lr, "untied, plain N(0,1) embedding", params=UNTIED, patch="embed_n01"),
         ]
@@ -64,33 +65,117 @@ def g_tying() -> list[dict[str, Any]]:
 
 
 def g_recipe() -> list[dict[str, Any]]:
-    """Transformer on recall, harness.train untied: one recipe element at a time."""
+    """Transformer on recall, ``harness.train``: tying, then one recipe element at a time on
+    the untied model (default recipe: warm-up 100, cosine to 0.1, clip 1.0, no decay on
+    embeddings/norms/biases)."""
     m, t = "transformer", "associative_recall"
     out = []
-    for lr in LRS:
+    for lr in (1e-3, 3e-3, 1e-2):
         out += [
             spec("recipe", m, t, lr, "recipe, tied (default)"),
             spec("recipe", m, t, lr, "recipe, untied", params=UNTIED),
+        ]
+    for lr in (1e-3, 3e-3):
+        out += [
             spec("recipe", m, t, lr, "untied, warm-up 0", params=UNTIED, train={"warmup_steps": 0}),
             spec("recipe", m, t, lr, "untied, no clipping", params=UNTIED, train={"grad_clip": None}),
-            spec("recipe", m, t, lr, "untied, constant lr", params=UNTIED, hook="constant_lr"),
-            spec("recipe", m, t, lr, "untied, decay every param", params=UNTIED, hook="wd_all"),
+            spec("recipe", m, t, lr, "untied, constant lr (no warm-up, no decay)", params=UNTIED,
+                 hook="constant_lr"),
+            spec("recipe", m, t, lr, "untied, decay every parameter", params=UNTIED, hook="wd_all"),
+            spec("recipe", m, t, lr, "tied, no x sqrt(d)", patch="", hook="embed_unscaled"),
         ]
     return out
 
 
 def g_positions() -> list[dict[str, Any]]:
-    """Transformer on recall, harness.train: tying under every common position scheme."""
+    """Transformer on recall, ``harness.train`` at lr 3e-3: tying under other position
+    schemes (the issue: "any position"; recall_baselines.yaml uses rope)."""
     m, t = "transformer", "associative_recall"
     out = []
-    for pos in ("sinusoidal", "rope", "learned", "none"):
+    for pos in ("rope", "learned", "none"):
         comps = {"position": pos}
-        out += [spec("recipe", m, t, 1e-3, f"{pos}, tied", components=comps),
-                spec("recipe", m, t, 1e-3, f"{pos}, untied", params=UNTIED, components=comps)]
+        out += [spec("recipe", m, t, 3e-3, f"{pos}, tied", components=comps),
+                spec("recipe", m, t, 3e-3, f"{pos}, untied", params=UNTIED, components=comps)]
     return out
 
 
-GROUPS = {"tying": g_tying, "recipe": g_recipe, "positions": g_positions}
+def g_short() -> list[dict[str, Any]]:
+    """Transformer on copy and reverse (300 steps) at the default lr 1e-3, where the recipe
+    trails the reference: tying vs warm-up/decay."""
+    out = []
+    for t in ("copy", "reverse"):
+        for lr in (1e-3, 3e-3):
+            out += [
+                spec("ref", "transformer", t, lr, "reference"),
+                spec("module", "transformer", t, lr, "module, tied (default)"),
+                spec("module", "transformer", t, lr, "module, untied", params=UNTIED),
+                spec("recipe", "transformer", t, lr, "recipe, tied (default)"),
+                spec("recipe", "transformer", t, lr, "recipe, untied", params=UNTIED),
+                spec("recipe", "transformer", t, lr, "recipe, tied, constant lr", hook="constant_lr"),
+                spec("recipe", "transformer", t, lr, "recipe, untied, constant lr", params=UNTIED,
+                     hook="constant_lr"),
+                spec("recipe", "transformer", t, lr, "recipe, untied, warm-up 0", params=UNTIED,
+                     train={"warmup_steps": 0}),
+            ]
+    return out
+
+
+def g_untie_all() -> list[dict[str, Any]]:
+    """Every tied model on every task, ``harness.train`` at the recipe's best lr of the main
+    table: tied (default) vs untied. Decides tie_embeddings per model."""
+    best = {("transformer", "copy"): 1e-2, ("transformer", "char_lm"): 1e-2,
+            ("transformer", "reverse"): 1e-2,
+            ("lstm", "associative_recall"): 3e-3, ("lstm", "copy"): 1e-2, ("lstm", "char_lm"): 1e-2,
+            ("lstm", "reverse"): 3e-3,
+            ("gru", "associative_recall"): 1e-2, ("gru", "copy"): 1e-2, ("gru", "char_lm"): 1e-2,
+            ("gru", "reverse"): 1e-2,
+            ("mlp_mixer", "associative_recall"): 1e-2, ("mlp_mixer", "copy"): 1e-3,
+            ("mlp_mixer", "char_lm"): 1e-2, ("mlp_mixer", "reverse"): 1e-3,
+            ("encoder_decoder", "reverse"): 1e-3, ("encoder_decoder", "g2p"): 3e-3}
+    out = []
+    for (m, t), lr in best.items():
+        out += [spec("recipe", m, t, lr, "recipe, tied (default)"),
+                spec("recipe", m, t, lr, "recipe, untied", params=UNTIED)]
+    return out
+
+
+def g_module_gaps() -> list[dict[str, Any]]:
+    """The other module-vs-reference gaps of the main table, with seeds 1 and 2: GRU on
+    char_lm (is it tying?), rnn_seq2seq on g2p (additive attention's extra value/output
+    projections?), and the untied LSTM module, which must equal the reference exactly (the
+    same architecture built in the same order: a check of the comparison itself)."""
+    out = [spec("module", "lstm", "associative_recall", 3e-3, "module untied (= reference?)",
+                params=UNTIED)]
+    for seed in (0, 1, 2):
+        out += [
+            spec("ref", "gru", "char_lm", 3e-3, "reference", seed=seed),
+            spec("module", "gru", "char_lm", 3e-3, "module, tied (default)", seed=seed),
+            spec("module", "gru", "char_lm", 3e-3, "module, untied", params=UNTIED, seed=seed),
+            spec("ref", "rnn_seq2seq", "g2p", 3e-3, "reference", seed=seed),
+            spec("module", "rnn_seq2seq", "g2p", 1e-3, "module (additive)", seed=seed),
+            spec("module", "rnn_seq2seq", "g2p", 3e-3, "module (additive)", seed=seed),
+        ]
+    return out
+
+
+def g_seeds() -> list[dict[str, Any]]:
+    """The headline rows with seeds 1 and 2 (seed 0 is the main table): transformer on
+    recall, each side at its best lr, and the untied harness."""
+    m, t = "transformer", "associative_recall"
+    out = []
+    for seed in (0, 1, 2):
+        out += [
+            spec("ref", m, t, 1e-3, "reference", seed=seed),
+            spec("module", m, t, 1e-3, "module, tied (default)", seed=seed),
+            spec("module", m, t, 1e-3, "module, untied", params=UNTIED, seed=seed),
+            spec("recipe", m, t, 3e-3, "recipe, tied (default)", seed=seed),
+            spec("recipe", m, t, 3e-3, "recipe, untied", params=UNTIED, seed=seed),
+        ]
+    return out
+
+
+GROUPS = {"tying": g_tying, "recipe": g_recipe, "positions": g_positions, "short": g_short,
+          "untie_all": g_untie_all, "module_gaps": g_module_gaps, "seeds": g_seeds}
 
 
 def metric_cell(row: dict[str, Any], task: str) -> str:
@@ -104,13 +189,25 @@ def tables(cache: dict[str, Any], groups: list[str]) -> str:
     for g in groups:
         specs = GROUPS[g]()
         lrs = sorted({s["lr"] for s in specs})
+        seeds = sorted({s["seed"] for s in specs})
         labels: dict[tuple[str, str, str], dict[float, str]] = {}
+        values: dict[tuple[str, str, str], dict[float, list[float]]] = {}
         for s in specs:
             s.setdefault("model_params", {})
             row = cache.get(compare.key(s))
             cell = metric_cell(row, s["task"]) if row else "–"
-            labels.setdefault((s["model"], s["task"], s["label"]), {})[s["lr"]] = cell
-        doc = (GROUPS[g].__doc__ or g).strip()
+            label = s["label"] + (f" (seed {s['seed']})" if len(seeds) > 1 else "")
+            labels.setdefault((s["model"], s["task"], label), {})[s["lr"]] = cell
+            if row:
+                v = row["metrics"].get(compare.primary(s["task"])[0], math.nan)
+                values.setdefault((s["model"], s["task"], s["label"]), {}).setdefault(s["lr"], []).append(
+                    math.nan if v is None else v)
+        if len(seeds) > 1:  # a mean row per variant
+            for (m, t, label), by_lr in values.items():
+                labels[(m, t, f"**{label}: mean of seeds {', '.join(map(str, seeds))}**")] = {
+                    lr: (f"**{sum(v) / len(v):.3f}**" if len(v) == len(seeds) else "")
+                    for lr, v in by_lr.items()}
+        doc = " ".join((GROUPS[g].__doc__ or g).split())
         head = ("| model | task | variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |\n"
                 "|---|---|---|" + "---|" * len(lrs) + "\n")
         rows = [f"| {m} | {t} | {label} | " + " | ".join(cells.get(lr, "") for lr in lrs) + " |"
