@@ -1,6 +1,8 @@
-"""attention-harness: compare attention variants, position schemes and baselines fairly.
+"""attention-harness: compare attention variants, position schemes, token mixers and baselines
+fairly.
 
-Public API (cheap to import; torch, lightning and mlflow load only when used)::
+This module is the public API for users (cheap to import: torch, lightning and mlflow load
+only when a function needs them)::
 
     import harness
     harness.list_plugins("attention")
@@ -8,18 +10,126 @@ Public API (cheap to import; torch, lightning and mlflow load only when used)::
                                  vocab_size=32, max_length=128, d_model=64)
     task = harness.create_task("copy", length=16)
     result = harness.train("run.yaml")      # or a dict / harness.config.RunConfig
+    runs = harness.study_runs("quickstart")        # pandas DataFrame, one row per run
+    summary = harness.study_summary("quickstart")  # the report's numbers
 
-Plugin authors import :data:`hookimpl` and the spec classes from here.
+Plugin authors import everything they need from :mod:`harness.plugin`.
 """
 
 from __future__ import annotations
 
-import pluggy
+import os
+from typing import TYPE_CHECKING, Any
 
-hookimpl = pluggy.HookimplMarker("harness")
+from harness.errors import ConfigError
+from harness.hookspecs import hookimpl
+from harness.registry import AttentionSpec, ModelSpec, PositionSpec, Registry, Spec, TaskSpec
 
-from harness.api import create_model, create_task, list_plugins, load_plugins, train  # noqa: E402
-from harness.registry import AttentionSpec, ModelSpec, PositionSpec, TaskSpec  # noqa: E402
+if TYPE_CHECKING:
+    from harness.data import Task
+    from harness.run.pipeline import RunResult
+
+
+def load_plugins(*files: str | os.PathLike[str], plugins: Any = (), **kwargs: Any) -> Registry:
+    """Load every plugin (entry points, local ``files``, in-process ``plugins``)."""
+    from harness import loader
+
+    return loader.load(files, plugins=plugins, **kwargs)
+
+
+def list_plugins(kind: str | None = None, *, registry: Registry | None = None) -> list[Spec]:
+    """Registered specs, optionally of one kind (attention, position, model, task)."""
+    reg = registry or load_plugins()
+    return [s for s in reg if kind is None or s.kind == kind]
+
+
+def create_task(name: str, *, seed: int = 0, registry: Registry | None = None, **params: Any) -> Task:
+    """Build a task by name: ``create_task("copy", length=32)``."""
+    from harness.params import resolve
+
+    spec = (registry or load_plugins()).get("task", name)
+    return spec.build(resolve(spec.config, params, f"task '{name}' params"), seed=seed)  # type: ignore[no-any-return]
+
+
+def create_model(
+    name: str,
+    *,
+    vocab_size: int,
+    max_length: int = 512,
+    batch_format: str = "lm",
+    num_classes: int | None = None,
+    attention: str | None = None,
+    position: str | None = None,
+    mixer: str | None = None,
+    attention_params: dict[str, Any] | None = None,
+    position_params: dict[str, Any] | None = None,
+    mixer_params: dict[str, Any] | None = None,
+    preset: str | None = None,
+    attention_roles: dict[str, str | dict[str, Any]] | None = None,
+    registry: Registry | None = None,
+    **params: Any,
+) -> Any:
+    """Build a model (a plain ``nn.Module``) by name, with its attention variant or mixer
+    (or both, for a hybrid) and its position scheme.
+
+    ``batch_format`` is the batch format the model will receive (``lm``, ``seq2seq``,
+    ``classification`` or ``tagging``); ``max_length`` the longest input it will see in
+    training; ``preset`` a named preset of the model (``transformer++``).
+    ``attention_roles`` gives roles the model declares their own variant, by name or as
+    ``{"name": ..., "params": {...}}``: ``attention_roles={"cross": "additive"}``.
+    """
+    from pydantic import ValidationError
+
+    from harness.config import ComponentConfig, ModelConfig, format_validation_error
+    from harness.data import TaskInfo
+    from harness.run.build import build_model_from
+    from harness.run.plan import resolve_model
+
+    def component(kind_name: str | None, kind_params: dict[str, Any] | None) -> Any:
+        return ComponentConfig(name=kind_name, params=kind_params or {}) if kind_name else None
+
+    roles = {r: {"name": v} if isinstance(v, str) else v for r, v in (attention_roles or {}).items()}
+    try:
+        cfg = ModelConfig(
+            name=name,
+            params=params,
+            attention=component(attention, attention_params),
+            position=component(position, position_params),
+            mixer=component(mixer, mixer_params),
+            preset=preset,
+            attention_roles=roles,  # type: ignore[arg-type]  # validated into ComponentConfigs
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "create_model arguments")) from None
+    parts = resolve_model(registry or load_plugins(), cfg)
+    info = TaskInfo(format=batch_format, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes)
+    return build_model_from(parts, info)
+
+
+def train(config: Any, **kwargs: Any) -> RunResult:
+    """Train one run from a config (path, dict or RunConfig); see :func:`harness.run.pipeline.train`."""
+    from harness.run.pipeline import train as _train
+
+    return _train(config, **kwargs)
+
+
+def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None) -> Any:
+    """A study's runs as a pandas DataFrame, one row per run (candidate, phase, trial, seed,
+    status, objective, costs, ``params.*``, ``metrics.*``); see
+    :func:`harness.report.notebook.study_runs`. ``storage``: the study's Optuna storage URL
+    (default: the one in ``$HARNESS_HOME``)."""
+    from harness.report.notebook import study_runs as _runs
+
+    return _runs(study, storage, tracking_uri)
+
+
+def study_summary(study: str, storage: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+    """The numbers of a study's report (ranks, best group, intervals, comparisons, front) as a
+    dict; see :func:`harness.report.notebook.study_summary`."""
+    from harness.report.notebook import study_summary as _summary
+
+    return _summary(study, storage, tracking_uri)
+
 
 __all__ = [
     "AttentionSpec",
@@ -31,5 +141,7 @@ __all__ = [
     "hookimpl",
     "list_plugins",
     "load_plugins",
+    "study_runs",
+    "study_summary",
     "train",
 ]

@@ -14,7 +14,6 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from harness.errors import HarnessError
 
@@ -34,48 +33,12 @@ def _tracking_args(p: argparse.ArgumentParser) -> None:
 
 # -- list ------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    from harness.params import declared_params
-    from harness.plugins import load
+    from harness import listing
     from harness.registry import KINDS
 
-    registry = load(args.plugin)
-    kinds = [args.kind] if args.kind else list(KINDS)
-    out = []
-    for kind in kinds:
-        specs = registry.specs(kind)
-        out.append(f"{kind} ({len(specs)})")
-        for spec in specs:
-            out.append(f"  {spec.name:<22} {spec.description}")
-            if args.verbose:
-                out.append(f"      plugin: {spec.provenance()}")
-                for line in _declared(spec):
-                    out.append(f"      {line}")
-                for prm in declared_params(spec.config):
-                    rng = f"  search: {prm.range.describe()}" if prm.range else ""
-                    out.append(f"      {prm.name} = {prm.default!r}{rng}")
-        for name, owners in registry.conflicts(kind).items():
-            out.append(f"  {name:<22} CONFLICT: registered by "
-                       + " and ".join(s.provenance() for s in owners))
-    if registry.failures:
-        out.append("")
-        out.append(f"plugins that failed to load ({len(registry.failures)}):")
-        out.extend(f"  {f.describe()}" for f in registry.failures)
-    print("\n".join(out))
+    data = listing.listing(args.plugin, refresh=args.refresh)
+    print(listing.render(data, [args.kind] if args.kind else list(KINDS), args.verbose))
     return 0
-
-
-def _declared(spec: Any) -> list[str]:
-    kind = spec.kind
-    if kind == "attention":
-        return [f"position hooks: {', '.join(sorted(spec.position_hooks)) or 'none'}"]
-    if kind == "position":
-        return [f"acts at: {', '.join(sorted(spec.hooks)) or 'nothing'}"
-                + ("" if spec.extrapolates else "; fixed length")]
-    if kind == "model":
-        uses = [u for u, flag in (("attention", spec.uses_attention), ("position", spec.uses_position)) if flag]
-        return [f"task kinds: {', '.join(sorted(spec.task_kinds))}; uses: {', '.join(uses) or 'neither'}"
-                + ("" if spec.extrapolates else "; fixed length")]
-    return [f"task kind: {spec.task_kind}"]
 
 
 # -- train -----------------------------------------------------------------------------
@@ -100,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, overrides)
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
 
-    from harness.run import train
+    from harness.run.pipeline import train
 
     result = train(cfg)
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
@@ -148,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("list", help="list registered plugins")
-    p.add_argument("--kind", choices=["attention", "position", "model", "task"])
+    p.add_argument("--kind", choices=["attention", "mixer", "position", "model", "task"])
     p.add_argument("--verbose", "-v", action="store_true", help="show hyper-parameters and declarations")
+    p.add_argument("--refresh", action="store_true",
+                   help="load every plugin again instead of using the cached listing")
     _plugin_args(p)
     p.set_defaults(handler=cmd_list)
 
@@ -179,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
-EXTENSION_MODULES = ("harness.study_cli", "harness.bench_cli")
+EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 A run config names a task, a model (with its attention and position scheme) and the
 training settings; plugin hyper-parameters live in ``params`` blocks and are validated
-against the plugin's declared dataclass when the run is built (``harness.build``)::
+against the plugin's declared dataclass when the run is built (``harness.run.plan``)::
 
     task: {name: copy, params: {length: 16}}
     model:
@@ -36,7 +36,13 @@ class ComponentConfig(Strict):
 
 class ModelConfig(ComponentConfig):
     attention: ComponentConfig | None = None
+    #: a sequence mixer that is not softmax attention (``{name: mamba}``), for a model that
+    #: takes one (``ModelSpec.uses_mixer``); with ``attention`` too, a hybrid (see the model's
+    #: ``pattern``). Left out of dumps when unset, so configs without mixers serialise as before.
+    mixer: ComponentConfig | None = Field(None, exclude_if=lambda m: m is None)
     position: ComponentConfig | None = None
+    #: a named preset of the model (``transformer++``) that fills in what the config leaves unset
+    preset: str | None = Field(None, exclude_if=lambda v: v is None)
     # per-role attention variants (``cross: {name: additive}``) of a model that declares
     # roles (``ModelSpec.attention_roles``); a role not listed uses ``attention``. Left out
     # of dumps when empty, so configs without roles serialise as before.
@@ -50,6 +56,12 @@ class TrainConfig(Strict):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
+    optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="see harness.run.optim")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam(W) moment decay rates")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    schedule: Literal["constant", "cosine", "linear", "inverse_sqrt"] = Field(
+        "cosine", description="learning-rate schedule after warm-up (see harness.run.optim)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / lr (cosine, linear)")
     warmup_steps: int = Field(100, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     val_every: int = Field(250, ge=1, description="validate every N optimizer steps")
@@ -59,7 +71,7 @@ class TrainConfig(Strict):
     scheduled_sampling: float = Field(
         0.0, ge=0, le=1,
         description="probability of feeding the model its own argmax prediction instead of the "
-                    "gold previous target token (seq2seq and lm formats; see harness.system)",
+                    "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
     max_time_s: float | None = Field(None, gt=0, description="wall-clock cap for fitting")
     accelerator: str = "auto"
@@ -70,6 +82,14 @@ class TrainConfig(Strict):
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
+
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"each beta must lie in [0, 1), got {betas}")
+        return betas
 
 
 class TrackingConfig(Strict):

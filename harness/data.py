@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge
+
 from harness.errors import IncompatibleError
 from harness.params import IntRange
 
@@ -68,25 +70,32 @@ class Vocab:
 class TaskConfig:
     """Fields every task config has; a task's config subclasses this one."""
 
-    length: Annotated[int, IntRange(4, 4096, log=True)] = 16
-    eval_lengths: tuple[int, ...] = ()
-    num_train: int = 10_000
-    num_val: int = 500
+    length: Annotated[int, Ge(1), IntRange(4, 4096, log=True)] = 16  # training length
+    eval_lengths: tuple[Annotated[int, Ge(1)], ...] = ()  # evaluated too, each >= length
+    num_train: Annotated[int, Ge(1)] = 10_000  # training examples
+    num_val: Annotated[int, Ge(1)] = 500  # validation (and test) examples per length
 
     def __post_init__(self) -> None:
-        if self.length < 1:
-            raise ValueError("length must be positive")
+        shorter = sorted({n for n in self.eval_lengths if n < self.length})
+        if shorter:
+            raise ValueError(
+                f"eval_lengths {shorter} are shorter than the training length ({self.length}): "
+                f"evaluation lengths measure how a model extrapolates past the length it was "
+                f"trained at, which is always evaluated. Drop them from eval_lengths, or lower "
+                f"length."
+            )
 
 
 class Task:
-    """Base class of tasks. Subclasses set ``kind``, ``vocab`` and implement ``examples``.
+    """Base class of tasks. Subclasses set ``task_kind``, ``vocab`` and implement ``generate``.
 
     ``length`` is the training length in the task's own unit (symbols to copy, characters
     of context, ...); ``eval_lengths`` are the lengths evaluated after training (the
     training length is always included).
     """
 
-    kind: ClassVar[str] = "lm"
+    #: lm, seq2seq, classification or tagging: fixes the examples' form (see the module docs)
+    task_kind: ClassVar[str] = "lm"
     #: Log perplexity and bits per token (language-modelling tasks).
     report_perplexity: ClassVar[bool] = False
 
@@ -122,7 +131,7 @@ class Task:
     def generate(self, split: str, length: int) -> Sequence[Example]:
         raise NotImplementedError
 
-    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: str) -> dict[str, tuple[float, float]]:
+    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat) -> dict[str, tuple[float, float]]:
         """Task-specific metrics on one validation batch, as (sum, count) pairs that are
         summed over batches. Default: none. (Greedy-decoding metrics such as phoneme error
         rate go here.)"""
@@ -133,7 +142,7 @@ class Task:
 class TaskInfo:
     """What a model factory learns about the task it will be trained on."""
 
-    kind: str  # the batch format the model receives
+    format: str  # the name of the batch format the model receives (lm, seq2seq, ...)
     vocab_size: int
     max_length: int  # the longest input the model sees at the training length
     num_classes: int | None = None
@@ -141,12 +150,147 @@ class TaskInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def batch_format(task_kind: str, model_kinds: frozenset[str], model: str, task: str) -> str:
+class BatchFormat:
+    """How the examples of a task become batches for a model, and how the model is called.
+
+    One instance per format (:data:`LM`, :data:`SEQ2SEQ`, :data:`CLASSIFICATION`,
+    :data:`TAGGING`; by name in :data:`FORMATS`); ``str(fmt)`` is its name, which models see
+    as ``TaskInfo.format``. The task kind matters where it differs from the format: a
+    ``seq2seq`` task served to an ``lm`` model (``src SEP tgt``).
+    """
+
+    name: ClassVar[str] = ""
+    #: (input key, padding key) of a teacher-forced input whose tokens are the previous
+    #: targets (what scheduled sampling replaces), or None where targets never feed back.
+    feedback: ClassVar[tuple[str, str] | None] = None
+    #: the batch keys whose tokens the model reads (counted for throughput)
+    input_keys: ClassVar[tuple[str, ...]] = ("tokens",)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<batch format {self.name}>"
+
+    def input_length(self, example: Example, task_kind: str) -> int:
+        """How many positions the model sees for one example."""
+        return len(example["tokens"])
+
+    def collate(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        """Pad examples into a batch (right padding); the batch also carries the raw
+        ``examples`` (a list), for metrics that decode."""
+        batch = self._tensors(examples, task_kind)
+        batch["examples"] = list(examples)
+        return batch
+
+    def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def call(self, model: Any, batch: dict[str, Any], **kwargs: Any) -> Any:
+        """Call a model on a batch of this format."""
+        return model(batch["tokens"], padding_mask=batch["padding_mask"], **kwargs)
+
+    def tokens(self, batch: dict[str, Any]) -> int:
+        """Input tokens in a batch (padding included: what the model computes over)."""
+        return sum(int(batch[k].numel()) for k in self.input_keys)
+
+
+def _pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> Any:
+    import torch
+
+    n = max(len(s) for s in seqs)
+    return torch.tensor([list(s) + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
+
+
+class LanguageModelling(BatchFormat):
+    name = "lm"
+    feedback = ("tokens", "padding_mask")
+
+    def input_length(self, example: Example, task_kind: str) -> int:
+        if task_kind == "seq2seq":
+            example = as_lm(example)
+        return len(example["tokens"]) - 1
+
+    def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        if task_kind == "seq2seq":
+            examples = [as_lm(e) for e in examples]
+        seqs = [list(e["tokens"]) for e in examples]
+        masks = [list(e.get("loss_mask") or [True] * (len(s) - 1)) for e, s in zip(examples, seqs, strict=True)]
+        return {
+            "tokens": _pad([s[:-1] for s in seqs]),
+            "padding_mask": _pad([[0] * (len(s) - 1) for s in seqs], 1).bool(),
+            "targets": _pad([s[1:] for s in seqs]),
+            "loss_mask": _pad([[int(m) for m in ms] for ms in masks], 0).bool(),
+        }
+
+
+class SequenceToSequence(BatchFormat):
+    name = "seq2seq"
+    feedback = ("tgt_in", "tgt_padding_mask")
+    input_keys = ("src", "tgt_in")
+
+    def input_length(self, example: Example, task_kind: str) -> int:
+        return max(len(example["src"]), len(example["tgt"]))
+
+    def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        src = _pad([e["src"] for e in examples])
+        tgt = [list(e["tgt"]) for e in examples]
+        mask = _pad([[1] * len(t) for t in tgt], 0).bool()
+        return {
+            "src": src,
+            "src_padding_mask": src == PAD,
+            "tgt_in": _pad([[BOS] + t[:-1] for t in tgt]),
+            "tgt_padding_mask": ~mask,
+            "targets": _pad(tgt),
+            "loss_mask": mask,
+        }
+
+    def call(self, model: Any, batch: dict[str, Any], **kwargs: Any) -> Any:
+        return model(batch["src"], batch["tgt_in"], src_padding_mask=batch["src_padding_mask"],
+                     tgt_padding_mask=batch["tgt_padding_mask"], **kwargs)
+
+
+class Classification(BatchFormat):
+    name = "classification"
+
+    def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        import torch
+
+        tokens = _pad([e["tokens"] for e in examples])
+        targets = torch.tensor([int(e["label"]) for e in examples], dtype=torch.long)
+        return {
+            "tokens": tokens,
+            "padding_mask": tokens == PAD,
+            "targets": targets,
+            "loss_mask": torch.ones_like(targets, dtype=torch.bool),
+        }
+
+
+class Tagging(BatchFormat):
+    name = "tagging"
+
+    def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
+        tokens = _pad([e["tokens"] for e in examples])
+        scored = [list(e.get("loss_mask") or [True] * len(e["tokens"])) for e in examples]
+        return {
+            "tokens": tokens,
+            "padding_mask": tokens == PAD,
+            "targets": _pad([e["tags"] for e in examples], 0),
+            "loss_mask": _pad([[int(m) for m in ms] for ms in scored], 0).bool(),
+        }
+
+
+LM, SEQ2SEQ, CLASSIFICATION, TAGGING = LanguageModelling(), SequenceToSequence(), Classification(), Tagging()
+#: Every batch format by name; the task kinds are the same names.
+FORMATS: dict[str, BatchFormat] = {f.name: f for f in (LM, SEQ2SEQ, CLASSIFICATION, TAGGING)}
+
+
+def batch_format(task_kind: str, model_kinds: frozenset[str], model: str, task: str) -> BatchFormat:
     """The batch format a model receives for a task, or an IncompatibleError."""
     if task_kind in model_kinds:
-        return task_kind
-    if task_kind == "seq2seq" and "lm" in model_kinds:
-        return "lm"
+        return FORMATS[task_kind]
+    if task_kind == SEQ2SEQ.name and LM.name in model_kinds:
+        return LM
     raise IncompatibleError(
         f"model '{model}' cannot train on task '{task}': the task is of kind '{task_kind}' "
         f"and the model supports {', '.join(sorted(model_kinds))}. Pick a model that supports "
@@ -159,16 +303,6 @@ def as_lm(example: Example) -> Example:
     src, tgt = list(example["src"]), list(example["tgt"])
     tokens = src + [SEP] + tgt
     return {"tokens": tokens, "loss_mask": [i >= len(src) for i in range(len(tokens) - 1)]}
-
-
-def input_length(example: Example, fmt: str, task_kind: str) -> int:
-    """How many positions the model sees for one example (source side for seq2seq)."""
-    if fmt == "seq2seq":
-        return max(len(example["src"]), len(example["tgt"]))
-    if task_kind == "seq2seq":
-        example = as_lm(example)
-    n = len(example["tokens"])
-    return n - 1 if fmt == "lm" else n
 
 
 def lm_windows(
@@ -194,76 +328,6 @@ def lm_windows(
     return out
 
 
-def collate(examples: Sequence[Example], fmt: str, task_kind: str) -> dict[str, Any]:
-    """Pad a list of examples into a batch of the given format (right padding).
-
-    The batch also carries the raw ``examples`` (a list), for metrics that decode.
-    """
-    batch = _collate_tensors(examples, fmt, task_kind)
-    batch["examples"] = list(examples)
-    return batch
-
-
-def _collate_tensors(examples: Sequence[Example], fmt: str, task_kind: str) -> dict[str, Any]:
-    import torch
-
-    def pad(seqs: Sequence[Sequence[int]], value: int = PAD) -> Any:
-        n = max(len(s) for s in seqs)
-        return torch.tensor([list(s) + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
-
-    if fmt == "seq2seq":
-        src = pad([e["src"] for e in examples])
-        tgt = [list(e["tgt"]) for e in examples]
-        tgt_in = pad([[BOS] + t[:-1] for t in tgt])
-        targets = pad(tgt)
-        mask = pad([[1] * len(t) for t in tgt], 0).bool()
-        return {
-            "src": src,
-            "src_padding_mask": src == PAD,
-            "tgt_in": tgt_in,
-            "tgt_padding_mask": ~mask,
-            "targets": targets,
-            "loss_mask": mask,
-        }
-    if fmt == "tagging":
-        tokens = pad([e["tokens"] for e in examples])
-        scored = [list(e.get("loss_mask") or [True] * len(e["tokens"])) for e in examples]
-        return {
-            "tokens": tokens,
-            "padding_mask": tokens == PAD,
-            "targets": pad([e["tags"] for e in examples], 0),
-            "loss_mask": pad([[int(m) for m in ms] for ms in scored], 0).bool(),
-        }
-    if fmt == "classification":
-        tokens = pad([e["tokens"] for e in examples])
-        targets = torch.tensor([int(e["label"]) for e in examples], dtype=torch.long)
-        return {
-            "tokens": tokens,
-            "padding_mask": tokens == PAD,
-            "targets": targets,
-            "loss_mask": torch.ones_like(targets, dtype=torch.bool),
-        }
-    if task_kind == "seq2seq":
-        examples = [as_lm(e) for e in examples]
-    seqs = [list(e["tokens"]) for e in examples]
-    masks = [list(e.get("loss_mask") or [True] * (len(s) - 1)) for e, s in zip(examples, seqs, strict=True)]
-    inputs = pad([s[:-1] for s in seqs])
-    return {
-        "tokens": inputs,
-        "padding_mask": pad([[0] * (len(s) - 1) for s in seqs], 1).bool(),
-        "targets": pad([s[1:] for s in seqs]),
-        "loss_mask": pad([[int(m) for m in ms] for ms in masks], 0).bool(),
-    }
-
-
-def run_model(model: Any, batch: dict[str, Any], fmt: str, **kwargs: Any) -> Any:
-    """Call a model on a batch of the given format."""
-    if fmt == "seq2seq":
-        return model(
-            batch["src"],
-            batch["tgt_in"],
-            src_padding_mask=batch["src_padding_mask"],
-            tgt_padding_mask=batch["tgt_padding_mask"],
-            **kwargs,
-        )
-    return model(batch["tokens"], padding_mask=batch["padding_mask"], **kwargs)
+def collate(examples: Sequence[Example], fmt: BatchFormat | str, task_kind: str) -> dict[str, Any]:
+    """Pad examples into a batch of a format (an object or its name); see :class:`BatchFormat`."""
+    return (FORMATS[fmt] if isinstance(fmt, str) else fmt).collate(examples, task_kind)

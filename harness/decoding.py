@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.data import BOS, EOS, PAD, SEP, Example
+from harness.data import BOS, EOS, PAD, SEP, SEQ2SEQ, BatchFormat, Example
 
 
 def _trim(ids: Sequence[int]) -> list[int]:
@@ -32,7 +32,7 @@ def _trim(ids: Sequence[int]) -> list[int]:
     return out
 
 
-def greedy(model: Any, examples: Sequence[Example], fmt: str, max_len: int | None = None) -> list[list[int]]:
+def greedy(model: Any, examples: Sequence[Example], fmt: BatchFormat | str, max_len: int | None = None) -> list[list[int]]:
     """Greedy outputs for seq2seq examples (``{"src": ..., "tgt": ...}``); ``max_len``
     defaults to the longest target."""
     import torch
@@ -44,7 +44,7 @@ def greedy(model: Any, examples: Sequence[Example], fmt: str, max_len: int | Non
     model.eval()
     try:
         with torch.no_grad():
-            if fmt == "seq2seq":
+            if str(fmt) == SEQ2SEQ.name:
                 n = max(len(s) for s in srcs)
                 src = torch.tensor([s + [PAD] * (n - len(s)) for s in srcs], device=device)
                 out = model.greedy_decode(src, src == PAD, max_len)
@@ -81,7 +81,7 @@ def _lm_greedy(model: Any, prompt: list[int], max_len: int, device: Any) -> list
 def beam_search(
     model: Any,
     examples: Sequence[Example],
-    fmt: str,
+    fmt: BatchFormat | str,
     beam_size: int = 4,
     max_len: int | None = None,
     length_penalty: float = 0.0,
@@ -114,11 +114,11 @@ def beam_search(
         model.train(was_training)
 
 
-def _next_logprobs(model: Any, src: list[int], fmt: str, device: Any) -> Callable[[Any], Any]:
+def _next_logprobs(model: Any, src: list[int], fmt: BatchFormat | str, device: Any) -> Callable[[Any], Any]:
     """A function from output prefixes (K, t) to next-token log-probabilities (K, V)."""
     import torch
 
-    if fmt == "seq2seq":
+    if str(fmt) == SEQ2SEQ.name:
         source = torch.tensor([src], device=device)
 
         def step(prefixes: Any) -> Any:

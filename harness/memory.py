@@ -15,6 +15,8 @@ import resource
 from types import TracebackType
 from typing import Any
 
+from harness.keys import Metric
+
 
 def proc_status_kb(key: str) -> int | None:
     """A field of /proc/self/status in kB (``VmRSS``, ``VmHWM``), or None without /proc."""
@@ -66,8 +68,8 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            return {"cost/peak_gpu_mem_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
+            return {Metric.PEAK_GPU_MB: torch.cuda.max_memory_allocated(self.device) / 2**20}
         if not self.per_run:  # no /proc: the best available is the lifetime peak
-            return {"cost/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        return {"cost/peak_rss_mb": self.peak_kb / 1024,
-                "cost/peak_rss_increase_mb": (self.peak_kb - self.start_kb) / 1024}
+            return {Metric.PEAK_RSS_MB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        return {Metric.PEAK_RSS_MB: self.peak_kb / 1024,
+                Metric.PEAK_RSS_INCREASE_MB: (self.peak_kb - self.start_kb) / 1024}

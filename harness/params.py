@@ -11,16 +11,27 @@ annotated with a range::
         eps: float = 1e-6          # no range: fixed unless a config sets it
 
 Ranges are search spaces, not hard limits: a config may fix a value outside them. Hard
-constraints belong in ``__post_init__`` (raise ``ValueError`` with a helpful message).
+limits are bounds from ``annotated_types`` (``Ge``, ``Gt``, ``Le``, ``Lt``, ``Interval``),
+checked on every config before anything is built::
+
+        layers: Annotated[int, Ge(1), IntRange(1, 8)] = 2
+
+Every parameter is validated the same way: floats must be finite, booleans are not numbers,
+and a value outside its bounds names the field. Constraints between fields belong in
+``__post_init__`` (raise ``ValueError`` with a helpful message).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import annotated_types
 
 from harness.errors import ConfigError, PluginError
 
@@ -85,13 +96,57 @@ class NoParams:
 
 @dataclass(frozen=True)
 class Param:
-    """One declared hyper-parameter: its name, type, default and (optional) search range."""
+    """One declared hyper-parameter: its name, type, default, (optional) search range and
+    bounds (hard limits, ``annotated_types`` constraints)."""
 
     name: str
     type: Any
     default: Any
     range: Range | None
     doc: str = ""
+    bounds: tuple[Any, ...] = ()
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the parameter is a number (int or float, possibly optional)."""
+        return _number_type(self.type) is not None
+
+    def describe_bounds(self) -> str:
+        return ", ".join(_describe_bound(b) for b in self.bounds)
+
+
+def _number_type(tp: Any) -> type | None:
+    """int or float for a numeric type (``int | None`` counts as int); None otherwise."""
+    if tp is bool:
+        return None
+    if tp in (int, float):
+        return typing.cast(type, tp)
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None  # tuple[int, ...] is not a number
+    for arg in typing.get_args(tp):
+        if arg in (int, float):
+            return typing.cast(type, arg)
+    return None
+
+
+def _describe_bound(b: Any) -> str:
+    for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if getattr(b, attr, None) is not None:
+            return f"{op} {getattr(b, attr)}"
+    return type(b).__name__
+
+
+def _bounds(meta: list[Any]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for m in meta:
+        if isinstance(m, annotated_types.Interval):
+            out += [b for b in (annotated_types.Gt(m.gt) if m.gt is not None else None,
+                                annotated_types.Ge(m.ge) if m.ge is not None else None,
+                                annotated_types.Lt(m.lt) if m.lt is not None else None,
+                                annotated_types.Le(m.le) if m.le is not None else None) if b]
+        elif isinstance(m, annotated_types.BaseMetadata):
+            out.append(m)
+    return tuple(out)
 
 
 def declared_params(config: type) -> list[Param]:
@@ -104,9 +159,11 @@ def declared_params(config: type) -> list[Param]:
         hint = hints[field.name]
         rng = None
         base = hint
+        bounds: tuple[Any, ...] = ()
         if typing.get_origin(hint) is typing.Annotated:
             base, *meta = typing.get_args(hint)
             rng = next((m for m in meta if isinstance(m, (IntRange, FloatRange, Choice))), None)
+            bounds = _bounds(meta)
         if field.default is not dataclasses.MISSING:
             default = field.default
         elif field.default_factory is not dataclasses.MISSING:
@@ -116,7 +173,7 @@ def declared_params(config: type) -> list[Param]:
                 f"{config.__name__}.{field.name} has no default; every hyper-parameter needs one."
             )
         doc = field.metadata.get("doc", "") if field.metadata else ""
-        params.append(Param(field.name, base, default, rng, doc))
+        params.append(Param(field.name, base, default, rng, doc, bounds))
     return params
 
 
@@ -133,6 +190,26 @@ def check_defaults(config: type, owner: str) -> None:
                 f"{owner}: the default of '{p.name}' ({p.default!r}) lies outside its search "
                 f"range ({p.range.describe()}). Fix the default or the range in the plugin."
             )
+    params = declared_params(config)
+    try:
+        resolve(config, {p.name: p.default for p in params}, "defaults")
+    except ConfigError as exc:
+        raise PluginError(f"{owner}: a default breaks its own bounds: {exc}") from None
+    from pydantic import TypeAdapter, ValidationError
+
+    for p in params:  # every value a study may sample must lie within the bounds
+        if p.range is None or not p.bounds:
+            continue
+        annotated: Any = typing.Annotated[(p.type, *p.bounds)]  # type: ignore[valid-type]
+        check: Any = TypeAdapter(annotated)
+        ends = list(p.range.options) if isinstance(p.range, Choice) else [p.range.low, p.range.high]
+        for value in ends:
+            try:
+                check.validate_python(value)
+            except ValidationError:
+                raise PluginError(f"{owner}: the search range of '{p.name}' ({p.range.describe()}) "
+                                  f"includes {value!r}, outside its bounds ({p.describe_bounds()}). "
+                                  f"Fix the range or the bounds in the plugin.") from None
     try:
         config()
     except (TypeError, ValueError) as exc:
@@ -145,21 +222,34 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     ``where`` is the dotted path of the params block in the user's config (for example
     ``model.attention.params``); errors read ``model.attention.params.dropout: ...``.
     """
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     values = dict(values or {})
-    names = [p.name for p in declared_params(config)]
-    unknown = sorted(set(values) - set(names))
+    declared = {p.name: p for p in declared_params(config)}
+    unknown = sorted(set(values) - set(declared))
     if unknown:
-        raise unknown_params_error(unknown, names, where)
+        raise unknown_params_error(unknown, list(declared), where)
+    for name, value in values.items():
+        if isinstance(value, bool) and declared[name].numeric:
+            raise ConfigError(f"{where}.{name}: expects a number, not a boolean (got {value!r}).")
     try:
-        return TypeAdapter(config).validate_python(values)
+        return _validator(config).validate_python(values)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise ConfigError(f"{where}.{loc}: {err['msg']} (got {err.get('input')!r}).") from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ArithmeticError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+@functools.cache
+def _validator(config: type) -> Any:
+    """A pydantic validator of a config dataclass that also refuses inf and NaN."""
+    from pydantic import ConfigDict, TypeAdapter
+
+    own = dict(getattr(config, "__pydantic_config__", None) or {})
+    config.__pydantic_config__ = ConfigDict(**{**own, "allow_inf_nan": False})  # type: ignore[attr-defined]
+    return TypeAdapter(config)
 
 
 def unknown_params_error(unknown: list[str], known: list[str], where: str) -> ConfigError:
@@ -177,9 +267,19 @@ def unknown_params_error(unknown: list[str], known: list[str], where: str) -> Co
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
+    """A config instance as plain data (tuples as lists), as YAML and JSON write it: what a
+    run records can be read back by any safe loader and run again."""
     if dataclasses.is_dataclass(instance) and not isinstance(instance, type):
-        return dataclasses.asdict(instance)
+        return dict(_plain(dataclasses.asdict(instance)))
     return {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def suggest(

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from harness import bench, cli
+from harness import cli
+from harness.bench import attention as bench
 
 
 def job(variant: str, length: int = 24) -> dict:

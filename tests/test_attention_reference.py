@@ -22,11 +22,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import harness
-from harness.build import plan
 from harness.config import parse_run_config
 from harness.errors import IncompatibleError
 from harness.nn.attention import AttentionCache
 from harness.nn.position import PositionScheme
+from harness.run.plan import plan
 
 D_MODEL, MODEL_HEADS = 16, 2
 F64 = torch.float64

@@ -25,12 +25,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["list"], ["list", "--verbose"]])
-def test_help_and_list_import_nothing_heavy(argv):
+def test_help_and_a_repeated_list_import_nothing_heavy(argv):
     code = (
         "import sys\nfrom harness.cli import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
+    if argv[0] == "list":  # the first listing loads the plugins (torch) and caches the result
+        first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert "torch" in first.stdout.strip().splitlines()[-1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -40,9 +43,40 @@ def test_list_shows_every_kind_and_broken_plugins(tmp_path, capsys):
     broken.write_text("raise RuntimeError('kaput')\n")
     assert main(["list", "--plugin", str(broken)]) == 0
     out = capsys.readouterr().out
-    for kind in ("attention (", "position (", "model (", "task ("):
+    for kind in ("attention (", "mixer (", "position (", "model (", "task ("):
         assert kind in out
     assert "multi_head" in out and "broken" in out and "kaput" in out
+
+
+def test_the_cached_listing_follows_changes_to_a_plugin_file(tmp_path, capsys):
+    plugin = tmp_path / "mine.py"
+    source = (
+        "from harness.plugin import TaskSpec, hookimpl\n"
+        "from harness_plugins.tasks.copy import CopyTask\n"
+        "@hookimpl\ndef harness_register_task(register):\n"
+        "    register(TaskSpec(name='{name}', build=CopyTask))\n"
+    )
+    plugin.write_text(source.format(name="first_name"))
+    assert main(["list", "--kind", "task", "--plugin", str(plugin)]) == 0
+    assert "first_name" in capsys.readouterr().out
+    plugin.write_text(source.format(name="second_name"))
+    os.utime(plugin, ns=(plugin.stat().st_atime_ns, plugin.stat().st_mtime_ns + 10**9))
+    assert main(["list", "--kind", "task", "--plugin", str(plugin)]) == 0
+    out = capsys.readouterr().out
+    assert "second_name" in out and "first_name" not in out
+
+
+def test_a_plugin_that_exits_or_imports_slowly_is_named_and_the_rest_load(tmp_path):
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(0.6)\n")
+    out = run_cli("list", "--plugin", str(exits), "--plugin", str(slow))
+    assert out.returncode == 0, out.stderr
+    assert "exits" in out.stdout and "SystemExit: 3" in out.stdout
+    assert "multi_head" in out.stdout
+    warning = next(line for line in out.stdout.splitlines() if "slow takes" in line)
+    assert float(warning.split("slow takes ")[1].split(" s")[0]) >= 0.6
 
 
 def _write(tmp_path: Path, data: dict) -> Path:

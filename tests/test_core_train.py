@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import signal
 import subprocess
 import sys
@@ -15,11 +16,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import plugins, tracking
-from harness.build import plan
+from harness import loader, tracking
 from harness.config import parse_run_config
+from harness.data import LM
 from harness.errors import ConfigError, IncompatibleError
 from harness.registry import AttentionSpec, ModelSpec, PositionSpec
+from harness.run.plan import plan
 
 TINY: dict[str, Any] = {
     "task": {"name": "copy", "params": {"length": 5, "vocab": 4, "num_train": 256, "num_val": 64,
@@ -136,7 +138,7 @@ def _nan_model_plugin() -> Any:
 
 @pytest.mark.slow
 def test_diverging_run_ends_failed_with_reason():
-    reg = plugins.load(plugins=[_nan_model_plugin()])
+    reg = loader.load(plugins=[_nan_model_plugin()])
     cfg = tiny()
     cfg["model"] = {"name": "nan_model"}
     with pytest.raises(RuntimeError, match="training loss became nan"):
@@ -175,7 +177,7 @@ def test_incompatible_pairing_is_rejected_before_training_with_the_reason(regist
             register(PositionSpec(name="bias_only", build=lambda c, **kw: None,
                                   hooks=frozenset({"bias"})))
 
-    reg = plugins.load(plugins=[Plugin()])
+    reg = loader.load(plugins=[Plugin()])
     cfg = tiny()
     cfg["model"]["attention"] = {"name": "no_bias_attn"}
     cfg["model"]["position"] = {"name": "bias_only"}
@@ -189,15 +191,15 @@ def test_model_without_the_task_kind_is_rejected(registry):
     cfg = tiny()
     cfg["model"]["params"]["causal"] = False
     p = plan(parse_run_config(cfg), registry)
-    assert p.fmt == "lm"  # copy is seq2seq; the decoder-only transformer gets src SEP tgt
-    reg = plugins.load(plugins=[_nan_model_plugin()])
+    assert p.fmt is LM  # copy is seq2seq; the decoder-only transformer gets src SEP tgt
+    reg = loader.load(plugins=[_nan_model_plugin()])
 
     class Classify:
         @harness.hookimpl
         def harness_register_task(self, register):
             register(harness.TaskSpec(name="cls", build=lambda c, seed: None, task_kind="classification"))
 
-    reg = plugins.load(plugins=[_nan_model_plugin(), Classify()])
+    reg = loader.load(plugins=[_nan_model_plugin(), Classify()])
     cfg = tiny()
     cfg["task"] = {"name": "cls"}
     cfg["model"] = {"name": "nan_model"}
@@ -255,3 +257,53 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     assert run.info.status == "KILLED"
     assert run.data.tags["harness.interrupted"] == "true"
 
+
+
+@pytest.mark.slow
+def test_a_ddp_spawn_run_on_two_cpu_processes_logs_what_a_single_process_run_logs():
+    """Modules and callbacks pickle; validation sums are reduced over both processes' shares
+    and the results come back from the spawned workers (issue 12)."""
+    cfg = tiny()
+    cfg["model"]["position"] = {"name": "none"}
+    cfg["train"].update(max_steps=4, val_every=2, accelerator="cpu", num_threads=1)
+    single = harness.train(cfg)
+    cfg["train"].update(devices=2, strategy="ddp_spawn")
+    spawned = harness.train(cfg)
+    assert spawned.status == single.status == "FINISHED"
+    assert set(spawned.metrics) == set(single.metrics)
+    assert spawned.metrics["train/steps"] == single.metrics["train/steps"] == 4
+    assert spawned.metrics["cost/train_tokens_per_s"] > 0
+    for key in ("val/loss", "val/acc"):
+        assert math.isfinite(spawned.metrics[key])
+    run = MlflowClient(tracking.tracking_uri()).get_run(spawned.run_id)
+    assert {k for k in run.data.metrics if k.startswith("val/")} == {
+        k for k in single.metrics if k.startswith("val/")}
+
+
+def test_attention_maps_carry_each_examples_tokens_for_the_axis_labels(registry):
+    from harness.data import LM
+    from harness.run.evaluate import attention_maps
+
+    task = harness.create_task("copy", length=5, vocab=4, num_train=8, num_val=4, registry=registry)
+    model = harness.create_model("transformer", vocab_size=task.vocab.size, max_length=11,
+                                 registry=registry, d_model=16, heads=2, layers=2)
+    pairs = attention_maps(model, task, LM, count=2)
+    assert len(pairs) == 2
+    for (maps, ids), example in zip(pairs, task.examples("val", 5), strict=False):
+        lm = example["src"] + [3] + example["tgt"]  # src SEP tgt, inputs drop the last token
+        assert ids == lm[:-1]
+        assert len(maps) == 2 and all(m.shape[-2:] == (len(ids), len(ids)) for m in maps)
+
+
+def test_the_project_store_is_found_from_a_sub_folder_like_git_finds_its_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARNESS_HOME")
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    assert tracking.home() == project / ".harness"  # none yet: a new one here
+    (project / ".harness").mkdir()
+    monkeypatch.chdir(project / "src" / "deep")
+    assert tracking.home() == project / ".harness"
+    assert tracking.tracking_uri() == f"sqlite:///{project / '.harness' / 'mlflow.db'}"
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "elsewhere"))
+    assert tracking.home() == tmp_path / "elsewhere"

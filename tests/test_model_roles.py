@@ -16,11 +16,13 @@ from mlflow.tracking import MlflowClient
 
 import harness
 from harness import tracking
-from harness.build import build_model, plan
 from harness.config import parse_run_config
 from harness.data import TaskInfo
 from harness.errors import ConfigError, IncompatibleError
-from harness.study_config import parse_study_config, validate
+from harness.run.build import build_model
+from harness.run.plan import plan
+from harness.study.schema import parse_study_config
+from harness.study.space import validate
 
 VOCAB = 12
 MIXED = {"encoder": {"name": "linear"}, "cross": {"name": "additive"}}
@@ -51,7 +53,7 @@ def variant(registry, name: str) -> type:
 def mixed_model(registry, **roles: Any) -> Any:
     torch.manual_seed(0)
     return harness.create_model("encoder_decoder", vocab_size=VOCAB, max_length=8,
-                                task_kind="seq2seq", attention="multi_head", position="rope",
+                                batch_format="seq2seq", attention="multi_head", position="rope",
                                 attention_roles=roles or MIXED, registry=registry,
                                 d_model=16, heads=2).eval()
 
@@ -64,7 +66,7 @@ def test_encoder_decoder_declares_its_roles(registry):
 def test_each_role_gets_its_own_variant(registry):
     p = plan(parse_run_config(run_config()), registry)
     assert {r: c.name for r, c in p.attention_roles.items()} == {"encoder": "linear", "cross": "additive"}
-    model = build_model(p, TaskInfo(kind="seq2seq", vocab_size=VOCAB, max_length=8))
+    model = build_model(p, TaskInfo(format="seq2seq", vocab_size=VOCAB, max_length=8))
     linear, additive, shared = (variant(registry, n) for n in ("linear", "additive", "multi_head"))
     assert len({linear, additive, shared}) == 3
     assert all(type(layer.self_attn) is linear for layer in model.encoder)
@@ -82,8 +84,9 @@ def test_create_model_takes_names_or_name_and_params(registry):
 
 
 def test_the_attention_factory_keeps_its_two_argument_call_and_rejects_undeclared_roles(registry):
-    from harness.build import Component, attention_factory
     from harness.errors import PluginError
+    from harness.run.build import attention_factory
+    from harness.run.plan import Component
 
     model = Component(registry.get("model", "transformer"), None)
     shared = Component(registry.get("attention", "multi_head"),

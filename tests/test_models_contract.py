@@ -6,9 +6,6 @@ padding dependence shows up at initialisation already.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -37,7 +34,7 @@ SEQ2SEQ = {
 def lm_model(registry, name: str, kind: str = "lm", max_length: int = 10, **extra):
     torch.manual_seed(0)
     return harness.create_model(
-        name, vocab_size=VOCAB, max_length=max_length, task_kind=kind,
+        name, vocab_size=VOCAB, max_length=max_length, batch_format=kind,
         num_classes=3 if kind == "classification" else None, registry=registry,
         **{**LM_MODELS[name], **extra},
     ).eval()
@@ -47,7 +44,7 @@ def seq2seq_model(registry, key: str):
     torch.manual_seed(0)
     attention, params = SEQ2SEQ[key]
     return harness.create_model(key.split("/")[0], vocab_size=VOCAB, max_length=10,
-                                task_kind="seq2seq", attention=attention, registry=registry,
+                                batch_format="seq2seq", attention=attention, registry=registry,
                                 **params).eval()
 
 
@@ -72,15 +69,6 @@ def test_models_declare_kinds_and_length_behaviour(registry):
     widths = {"transformer": "d_model", "encoder_decoder": "d_model", "lstm": "width", "gru": "width",
               "rnn_seq2seq": "hidden", "mlp_mixer": "d_model"}
     assert {n: declared[n].width_param for n in widths} == widths
-
-
-def test_plugin_modules_do_not_import_torch():
-    modules = ["encoder_decoder", "lstm", "gru", "rnn_seq2seq", "mlp_mixer", "transformer"]
-    code = ("import sys\n"
-            + "".join(f"import harness_plugins.models.{m}\n" for m in modules)
-            + "import harness_plugins.tasks.reverse\n"
-            + "assert 'torch' not in sys.modules, 'a plugin module imported torch'\n")
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_bidirectional_model_on_lm_task_is_rejected(registry):
@@ -244,7 +232,7 @@ def test_encoder_decoder_runs_every_attention_and_position(registry):
     """Each registered attention variant serves encoder self-, decoder self- and
     cross-attention; each position scheme drives both stacks. Cached decoding must
     reproduce the full pass in every pairing the plugins accept."""
-    from harness.build import check_pairing
+    from harness.run.plan import check_pairing
 
     src, tgt = tokens(2, 7), tokens(2, 6)
     mask = torch.zeros_like(src, dtype=torch.bool)
@@ -252,13 +240,15 @@ def test_encoder_decoder_runs_every_attention_and_position(registry):
     pairs = [(a, "none") for a in _names(registry, "attention")]
     pairs += [("multi_head", p) for p in _names(registry, "position") if p != "none"]
     for attention, position in pairs:
+        if "causal" not in registry.get("attention", attention).directions:
+            continue  # it would be the decoder's causal self-attention too (Linformer)
         try:
             check_pairing(registry.get("attention", attention), registry.get("position", position))
         except harness.errors.IncompatibleError:
             continue
         torch.manual_seed(0)
         model = harness.create_model("encoder_decoder", vocab_size=VOCAB, max_length=8,
-                                     task_kind="seq2seq", attention=attention, position=position,
+                                     batch_format="seq2seq", attention=attention, position=position,
                                      registry=registry, d_model=32, heads=2).eval()
         memory, _ = model.encode(src, mask)
         full, _ = model.decode(tgt, memory, mask)
@@ -277,7 +267,7 @@ def test_rnn_seq2seq_runs_every_attention(registry, style):
     for attention in _names(registry, "attention"):
         torch.manual_seed(0)
         model = harness.create_model("rnn_seq2seq", vocab_size=VOCAB, max_length=8,
-                                     task_kind="seq2seq", attention=attention, registry=registry,
+                                     batch_format="seq2seq", attention=attention, registry=registry,
                                      embed_dim=16, hidden=32, style=style).eval()
         logits, maps = model(src, tgt, src_padding_mask=mask, return_attention=True)
         assert logits.shape == (2, 5, VOCAB) and torch.isfinite(logits).all(), attention

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import harness
-from harness.data import BOS, EOS, PAD, SEP, as_lm, collate
+from harness.data import BOS, EOS, FORMATS, PAD, SEP, as_lm, collate
 from harness.decoding import beam_search, edit_distance, greedy
-from harness.system import scheduled_sampling
+from harness.run.system import scheduled_sampling
 
 VOCAB = 6  # four specials and two symbols: small enough to enumerate every output
 MAX_LEN = 3
@@ -31,7 +31,7 @@ def model_for(registry, name: str, fmt: str):
         "lstm": {"width": 16, "layers": 1},
     }[name]
     attention = "multi_head" if name == "rnn_seq2seq" else None
-    model = harness.create_model(name, vocab_size=VOCAB, max_length=8, task_kind=fmt,
+    model = harness.create_model(name, vocab_size=VOCAB, max_length=8, batch_format=fmt,
                                  attention=attention, registry=registry, **params).double()
     with torch.no_grad():  # sharpen the untrained distributions so decoders disagree
         for p in model.parameters():
@@ -200,8 +200,8 @@ def test_scheduled_sampling_replaces_only_gold_target_inputs(fmt):
     logits = torch.randn(*inputs.shape, 10)
     predictions = logits.argmax(-1)
 
-    assert torch.equal(scheduled_sampling(batch, logits, fmt, 0.0)[key], inputs)
-    mixed = scheduled_sampling(batch, logits, fmt, 1.0)
+    assert torch.equal(scheduled_sampling(batch, logits, FORMATS[fmt], 0.0)[key], inputs)
+    mixed = scheduled_sampling(batch, logits, FORMATS[fmt], 1.0)
     for b in range(inputs.shape[0]):
         for t in range(inputs.shape[1]):
             # input t is the gold target t - 1 where that target is scored and t is no pad
@@ -225,7 +225,7 @@ def test_scheduled_sampling_rate_is_the_configured_probability():
     logits = torch.randn(*batch["tgt_in"].shape, 12)
     logits[..., :4] = -1e9  # predictions never equal a special token
     eligible = batch["loss_mask"][:, :-1] & ~batch["tgt_padding_mask"][:, 1:]
-    replaced = scheduled_sampling(batch, logits, "seq2seq", 0.3)["tgt_in"][:, 1:] != batch["tgt_in"][:, 1:]
+    replaced = scheduled_sampling(batch, logits, FORMATS["seq2seq"], 0.3)["tgt_in"][:, 1:] != batch["tgt_in"][:, 1:]
     predicted_same = logits[:, :-1].argmax(-1) == batch["tgt_in"][:, 1:]
     rate = (replaced & eligible).sum() / (eligible & ~predicted_same).sum()
     assert abs(float(rate) - 0.3) < 0.03

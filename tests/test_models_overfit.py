@@ -2,7 +2,7 @@
 
 A model that cannot drive the loss on eight examples to near zero has a wiring bug (a
 detached branch, a mask that hides the answer, a head reading the wrong position). The
-batches go through the real collate / run_model path; the loop is plain torch.
+batches go through the real batch-format path (collate, call); the loop is plain torch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness.data import Vocab, collate, run_model
+from harness.data import FORMATS, Vocab, collate
 
 NUM_SYMBOLS = 8
 VOCAB = Vocab(tuple(f"s{i}" for i in range(NUM_SYMBOLS)))
@@ -79,13 +79,13 @@ def test_overfits_tiny_batch(registry, name, kind, attention, extra):
     batch = collate(examples, fmt, kind)
     model = harness.create_model(
         name, vocab_size=VOCAB.size, max_length=batch["tokens" if fmt != "seq2seq" else "src"].shape[1],
-        task_kind=fmt, num_classes=3 if kind in ("classification", "tagging") else None, attention=attention,
+        batch_format=fmt, num_classes=3 if kind in ("classification", "tagging") else None, attention=attention,
         registry=registry, **{**SMALL[name], **extra},
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     mask, targets = batch["loss_mask"], batch["targets"]
     for _ in range(300):
-        logits = run_model(model, batch, fmt)
+        logits = FORMATS[fmt].call(model, batch)
         loss = F.cross_entropy(logits[mask], targets[mask])
         acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
         if acc == 1.0 and loss.item() < 0.05:

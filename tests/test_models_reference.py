@@ -54,7 +54,7 @@ def test_encoder_decoder_matches_pytorch_transformer_layers(registry, norm):
     torch.manual_seed(1)
     d, heads, ff = 16, 2, 32
     model = harness.create_model(
-        "encoder_decoder", vocab_size=VOCAB, max_length=8, task_kind="seq2seq",
+        "encoder_decoder", vocab_size=VOCAB, max_length=8, batch_format="seq2seq",
         attention="multi_head", position="none", registry=registry, d_model=d, heads=heads,
         ffn_mult=2, encoder_layers=2, decoder_layers=2, norm=norm,
     ).double().eval()
@@ -151,7 +151,7 @@ def reference_logits(model: nn.Module, src: list[int], tgt_in: list[int], style:
 def test_rnn_seq2seq_matches_the_paper_equations(registry, style):
     torch.manual_seed(2)
     model = harness.create_model(
-        "rnn_seq2seq", vocab_size=VOCAB, max_length=8, task_kind="seq2seq",
+        "rnn_seq2seq", vocab_size=VOCAB, max_length=8, batch_format="seq2seq",
         attention="multi_head", registry=registry, cell="gru", style=style, embed_dim=6,
         hidden=8, heads=1,
     ).double().eval()

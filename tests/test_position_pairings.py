@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import harness
-from harness.build import check_pairing
-from harness.errors import IncompatibleError
+from harness.errors import ConfigError, IncompatibleError
 from harness.params import FloatRange
 from harness.registry import PositionSpec
+from harness.run.plan import check_pairing
 
 VOCAB, LENGTH = 12, 8
 TINY = {"d_model": 16, "layers": 1, "heads": 2, "ffn_mult": 2}
@@ -34,10 +34,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("scheme", registry.names("position"))
 
 
-def tiny_model(registry, attention, position, task_kind="lm", **params):
+def tiny_model(registry, attention, position, batch_format="lm", **params):
     return harness.create_model(
-        "transformer", vocab_size=VOCAB, max_length=LENGTH, task_kind=task_kind,
-        num_classes=3 if task_kind == "classification" else None,
+        "transformer", vocab_size=VOCAB, max_length=LENGTH, batch_format=batch_format,
+        num_classes=3 if batch_format == "classification" else None,
         attention=attention, position=position, registry=registry, **{**TINY, **params},
     )
 
@@ -61,6 +61,10 @@ def test_pair_trains_a_few_steps_or_is_rejected_with_a_reason(registry, pair, ta
             tiny_model(registry, attention, position, task_kind)
         return
 
+    if task_kind == "lm" and "causal" not in aspec.directions:  # Linformer: encoders only
+        with pytest.raises(ConfigError, match="runs only bidirectional"):
+            tiny_model(registry, attention, position, task_kind)
+        return
     torch.manual_seed(0)
     model = tiny_model(registry, attention, position, task_kind)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -122,7 +126,7 @@ def test_scheme_cached_decoding_equals_a_full_pass(registry, scheme):
 
 def test_scheme_ignores_padding_in_a_bidirectional_model(registry, scheme):
     torch.manual_seed(3)
-    model = tiny_model(registry, "multi_head", scheme, task_kind="classification").eval()
+    model = tiny_model(registry, "multi_head", scheme, batch_format="classification").eval()
     x = tokens(2, 5)
     padded = torch.cat([x, torch.zeros(2, 3, dtype=torch.long)], dim=1)
     with torch.no_grad():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import harness
-from harness import plugins
+from harness import loader
 from harness.data import PAD, Task, TaskConfig, Vocab, collate
 
 SYMBOLS, LENGTH = 6, 8
@@ -31,7 +31,7 @@ class RepeatsLaterConfig(TaskConfig):
 
 
 class RepeatsLater(Task):
-    kind = "tagging"
+    task_kind = "tagging"
 
     def __init__(self, config: RepeatsLaterConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(tuple("abcdef")), num_classes=2)
@@ -72,7 +72,7 @@ def test_collate_aligns_tags_with_tokens():
 
 
 def test_tagging_model_outputs_one_label_distribution_per_token(registry):
-    model = harness.create_model("transformer", vocab_size=10, max_length=8, task_kind="tagging",
+    model = harness.create_model("transformer", vocab_size=10, max_length=8, batch_format="tagging",
                                  num_classes=3, registry=registry, d_model=32, heads=2, layers=1)
     assert model(torch.randint(4, 10, (2, 8))).shape == (2, 8, 3)
 
@@ -88,7 +88,7 @@ CONFIG: dict[str, Any] = {
 
 @pytest.mark.slow
 def test_bidirectional_tagger_learns_what_a_causal_one_cannot():
-    reg = plugins.load(plugins=[Plugin()])
+    reg = loader.load(plugins=[Plugin()])
     bidirectional = harness.train(copy.deepcopy(CONFIG), registry=reg)
     causal_cfg = copy.deepcopy(CONFIG)
     causal_cfg["model"]["params"]["causal"] = True

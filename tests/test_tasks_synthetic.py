@@ -66,7 +66,7 @@ def test_every_eval_length_gives_examples_of_that_length(registry, name):
     assert task.eval_lengths == tuple(sorted({SETTINGS[name]["length"], *SETTINGS[name]["eval_lengths"]}))
     for n in task.eval_lengths:
         for e in task.examples("val", n):
-            if task.kind == "seq2seq":
+            if task.task_kind == "seq2seq":
                 assert len(e["src"]) == n
             else:
                 assert len(e["tokens"]) == n + 1 and len(e["loss_mask"]) == n
@@ -77,7 +77,7 @@ def test_every_eval_length_gives_examples_of_that_length(registry, name):
 def scored_answers(task: Any, example: dict[str, Any]) -> list[int]:
     """The tokens a correct model must produce, recomputed from the example's content
     (independently of the generator) for each task."""
-    if task.kind == "seq2seq":
+    if task.task_kind == "seq2seq":
         return list(example["tgt"])
     tokens, mask = example["tokens"], example["loss_mask"]
     return [tokens[i + 1] for i, m in enumerate(mask) if m]
@@ -86,7 +86,7 @@ def scored_answers(task: Any, example: dict[str, Any]) -> list[int]:
 def test_each_task_declares_its_kind(registry):
     for name, kind in KINDS.items():
         assert registry.get("task", name).task_kind == kind
-        assert make(registry, name).kind == kind
+        assert make(registry, name).task_kind == kind
 
 
 @pytest.mark.parametrize(("name", "fmt"), FORMATS)
@@ -94,7 +94,7 @@ def test_collate_masks_score_exactly_the_answers(registry, name, fmt):
     task = make(registry, name)
     n = max(task.eval_lengths)
     examples = list(task.examples("val", n)[:7]) + list(task.examples("val", task.train_length)[:5])
-    batch = collate(examples, fmt, task.kind)
+    batch = collate(examples, fmt, task.task_kind)
     mask, targets = batch["loss_mask"], batch["targets"]
     for row, e in enumerate(examples):
         assert targets[row][mask[row]].tolist() == scored_answers(task, e)
@@ -251,10 +251,14 @@ def test_skip_dependency_answer_is_a_function_of_the_far_cue_only(registry):
 # -- config validation speaks to the user ---------------------------------------------------
 @pytest.mark.parametrize(("name", "params", "message"), [
     ("associative_recall", {"num_kv_pairs": 16, "length": 32, "eval_lengths": ()}, "at least 4 * num_kv_pairs"),
-    ("associative_recall", {"num_kv_pairs": 20, "vocab": 32, "length": 128}, "raise vocab"),
+    ("associative_recall", {"num_kv_pairs": 20, "vocab": 32, "length": 128, "eval_lengths": ()},
+     "raise vocab"),
     ("selective_copy", {"num_tokens": 30, "length": 24}, "shorter than num_tokens"),
-    ("skip_dependency", {"length": 24, "eval_lengths": (7,)}, "too short"),
-    ("induction_head", {"eval_lengths": (3,)}, "too short"),
+    ("skip_dependency", {"length": 7, "eval_lengths": ()}, "too short"),
+    ("induction_head", {"length": 3, "eval_lengths": ()}, "greater than or equal to 4"),
+    # every task: an evaluation length below the training length is refused, by name
+    ("skip_dependency", {"length": 24, "eval_lengths": (7,)}, "eval_lengths [7] are shorter"),
+    ("induction_head", {"eval_lengths": (3,)}, "eval_lengths [3] are shorter"),
 ])
 def test_impossible_configs_are_rejected_with_the_reason(registry, name, params, message):
     spec = registry.get("task", name)
@@ -272,5 +276,5 @@ def test_default_sizes_are_cpu_friendly(registry):
 def test_decoder_only_view_of_seq2seq_tasks_separates_source_and_target(registry):
     task = make(registry, "sort")
     e = task.examples("val", 8)[0]
-    batch = collate([e], "lm", task.kind)
+    batch = collate([e], "lm", task.task_kind)
     assert batch["tokens"][0].tolist() == e["src"] + [SEP] + e["tgt"][:-1]

@@ -40,16 +40,30 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Lt
 from torch import Tensor, nn
 
+from harness.nn.mixer import BIDIRECTIONAL, CAUSAL, Complexity, LayerCache
 from harness.nn.position import PositionScheme
+from harness.params import FloatRange
 
 
-class AttentionCache:
+@dataclass
+class AttentionConfig:
+    """Parameters every attention variant shares; a variant's config subclasses this one."""
+
+    #: dropout on attention weights (training only)
+    dropout: Annotated[float, Ge(0.0), Lt(1.0), FloatRange(0.0, 0.3)] = 0.0
+    #: biases in the query/key/value/output projections
+    bias: bool = True
+
+
+class AttentionCache(LayerCache):
     """Decoding state of one attention layer.
 
     Softmax variants keep keys, values, their positions and padding; variants with other
@@ -58,12 +72,14 @@ class AttentionCache:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.k_pos: Tensor | None = None
         self.key_padding_mask: Tensor | None = None
-        self.length = 0
-        self.state: dict[str, Any] = {}
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.k, self.v) if t is not None] + super().tensors()
 
 
 def allowed_mask(
@@ -163,6 +179,15 @@ class Attention(nn.Module):
 
     memory_state: bool = False  # attend() gets the cross cache's state (see module docs)
     bias_by_blocks: bool = False  # attend() gets the bias as a function (see module docs)
+    #: What every sequence mixer declares (see :mod:`harness.nn.mixer`). Softmax attention
+    #: runs either way, costs L^2 time and (with fused kernels) L memory, and its decoding
+    #: state is the key/value cache, which grows with L.
+    directions: ClassVar[frozenset[str]] = frozenset({CAUSAL, BIDIRECTIONAL})
+    complexity: ClassVar[Complexity] = Complexity(time="L^2", memory="L", decode="L", state="L")
+    #: the position hooks a variant applies (all three: the pipeline below applies them)
+    position_hooks: ClassVar[frozenset[str]] = frozenset({"embedding", "qk", "bias"})
+    #: for each hook a variant cannot apply, the reason (shown when a pairing is rejected)
+    why_not: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -175,10 +200,19 @@ class Attention(nn.Module):
         bias: bool = True,
         tied_qk: bool = False,
         position_heads: int | None = None,
+        kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"num_heads ({num_heads}) must be >= 1.")
+        kv_heads = kv_heads or num_heads
+        if kv_heads < 1 or num_heads % kv_heads:
+            raise ValueError(
+                f"kv_heads ({kv_heads}) must divide num_heads ({num_heads}): each key/value head "
+                f"serves num_heads / kv_heads query heads (1: multi-query attention)."
+            )
+        if tied_qk and kv_heads != num_heads:
+            raise ValueError("tied_qk shares the query projection with the keys: it needs kv_heads = num_heads.")
         if d_model % num_heads and (qk_dim is None or v_dim is None):
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by num_heads ({num_heads}); "
@@ -188,6 +222,7 @@ class Attention(nn.Module):
             raise ValueError(f"dropout ({dropout}) must be in [0, 1).")
         self.d_model = d_model
         self.num_heads = num_heads
+        self.kv_heads = kv_heads
         self.position_heads = position_heads or num_heads
         self.qk_dim = qk_dim or d_model // num_heads
         self.v_dim = v_dim or d_model // num_heads
@@ -195,15 +230,30 @@ class Attention(nn.Module):
         self.tied_qk = tied_qk
         self.q_proj: nn.Module = nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
         self.k_proj: nn.Module = (
-            self.q_proj if tied_qk else nn.Linear(d_model, num_heads * self.qk_dim, bias=bias)
+            self.q_proj if tied_qk else nn.Linear(d_model, kv_heads * self.qk_dim, bias=bias)
         )
-        self.v_proj = nn.Linear(d_model, num_heads * self.v_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_heads * self.v_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.v_dim, d_model, bias=bias)
 
     # -- shape helpers -------------------------------------------------------------------
-    def split_heads(self, x: Tensor, dim: int) -> Tensor:
+    def split_heads(self, x: Tensor, dim: int, heads: int | None = None) -> Tensor:
         b, n, _ = x.shape
-        return x.reshape(b, n, self.num_heads, dim).transpose(1, 2)  # identity projections pass views
+        return x.reshape(b, n, heads or self.num_heads, dim).transpose(1, 2)  # identity projections pass views
+
+    def expand_kv(self, t: Tensor) -> Tensor:
+        """(B, kv_heads, L, D) -> (B, num_heads, L, D): each key/value head serves a group of
+        consecutive query heads (grouped-query attention; the identity when kv_heads = heads)."""
+        if self.kv_heads == self.num_heads:
+            return t
+        return t.repeat_interleave(self.num_heads // self.kv_heads, dim=1)
+
+    def new_cache(self) -> AttentionCache:
+        return AttentionCache()
+
+    def state_size(self, length: int) -> int:
+        """Elements the decoding cache keeps per sequence after ``length`` positions: the keys
+        and values of every position (kv_heads of them). Variants with other state override."""
+        return length * self.kv_heads * (self.qk_dim + self.v_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         b, h, n, d = x.shape
@@ -239,8 +289,8 @@ class Attention(nn.Module):
         else:
             src = x if is_self else memory
             assert src is not None
-            k = self.split_heads(self.k_proj(src), self.qk_dim)
-            v = self.split_heads(self.v_proj(src), self.v_dim)
+            k = self.split_heads(self.k_proj(src), self.qk_dim, self.kv_heads)
+            v = self.split_heads(self.v_proj(src), self.v_dim, self.kv_heads)
             k_pos = torch.arange(offset, offset + src.shape[1], device=x.device)
 
         use_position = position is not None and is_self
@@ -253,6 +303,7 @@ class Attention(nn.Module):
             elif cache.k is None:
                 cache.k, cache.v, cache.k_pos = k, v, k_pos
                 cache.key_padding_mask = key_padding_mask
+        k, v = self.expand_kv(k), self.expand_kv(v)
         bias: Any = None
         if use_position and self.bias_by_blocks:
             if _overrides(position, "score_bias"):

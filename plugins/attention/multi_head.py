@@ -14,53 +14,43 @@ Attention weights (``need_weights``) come from the explicit softmax path, which 
 the same function. ``tied_qk`` shares one projection between queries and keys (then every
 head's score matrix is symmetric before position hooks), so a study can ask whether the
 query/key distinction matters.
+
+``kv_heads`` makes it grouped-query attention (Ainslie et al., 2023, "GQA"): ``kv_heads``
+key/value heads, each shared by ``heads / kv_heads`` consecutive query heads; ``kv_heads: 1``
+is multi-query attention (Shazeer, 2019). The decoding cache keeps only the ``kv_heads``
+heads, so its state is ``heads / kv_heads`` times smaller; 0 (the default) means one
+key/value head per query head (plain multi-head attention).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import Choice, FloatRange
-from harness.registry import AttentionSpec
+from harness.plugin import (
+    AttentionConfig,
+    AttentionSpec,
+    Choice,
+    FusedDotProductAttention,
+    Ge,
+    hookimpl,
+)
 
 
 @dataclass
-class MultiHeadConfig:
-    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
+class MultiHeadConfig(AttentionConfig):
     tied_qk: Annotated[bool, Choice((False, True))] = False  # one projection for q and k
-    bias: bool = True  # biases in the projections
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+    kv_heads: Annotated[int, Ge(0)] = 0  # key/value heads (GQA); 0: as many as query heads
 
 
-def build(config: MultiHeadConfig, *, d_model: int, num_heads: int) -> Any:
-    return module_class()(
-        d_model, num_heads, dropout=config.dropout, tied_qk=config.tied_qk, bias=config.bias
-    )
+class MultiHeadAttention(FusedDotProductAttention):
+    """Multi-head scaled dot-product attention on the fused SDPA kernels (GQA/MQA with kv_heads)."""
+
+    def __init__(self, config: MultiHeadConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, num_heads, dropout=config.dropout, tied_qk=config.tied_qk,
+                         bias=config.bias, kv_heads=config.kv_heads or None)
 
 
-@cache
-def module_class() -> type:
-    from harness.nn.attention import FusedDotProductAttention
-
-    class MultiHeadAttention(FusedDotProductAttention):
-        """One head per model head, scores scaled by 1/√d_k (the shared fused path)."""
-
-    return MultiHeadAttention
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(
-        AttentionSpec(
-            name="multi_head",
-            build=build,
-            config=MultiHeadConfig,
-            description="Multi-head scaled dot-product attention on the fused SDPA kernels.",
-        )
-    )
+    register(AttentionSpec(name="multi_head", build=MultiHeadAttention))

@@ -1,0 +1,87 @@
+"""One home for the names the harness writes and reads back.
+
+Study phases, MLflow tags, MLflow metric keys and Optuna trial attributes are each spelled
+here once; every module imports them from here (a literal repeated in several modules is a
+rename waiting to break something). Tags, attributes and metric keys are plain ``str``
+constants (not enum members): they travel through pickles that allow only builtins, such as
+the results Lightning's ``ddp_spawn`` sends back with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """The two phases of a study: tune each candidate, then confirm its best configuration
+    with fresh seeds."""
+
+    TUNE = "tune"
+    CONFIRM = "confirm"
+
+
+class Tag:
+    """MLflow run tags written by the harness."""
+
+    # every run
+    VERSION = "harness.version"
+    BATCH_FORMAT = "harness.batch_format"
+    FAILURE = "harness.failure"  # the reason a run FAILED
+    PRUNED = "harness.pruned"  # KILLED by the pruner
+    INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
+    NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
+    # the runs of a study (parent and children)
+    STUDY = "harness.study"
+    KIND = "harness.kind"  # "study" on a study's parent run
+    STORAGE = "harness.storage"
+    FINGERPRINT = "harness.fingerprint"
+    NOTES = "harness.notes"
+    STUDY_STATE = "harness.study_state"  # complete | incomplete
+    PHASE = "harness.phase"
+    CANDIDATE = "harness.candidate"
+    TRIAL = "harness.trial"  # "<optuna study>#<trial number>": the key back to Optuna
+    TRIAL_NUMBER = "harness.trial_number"
+    SLOT = "harness.slot"
+    SEED = "harness.seed"
+    WORKER = "harness.worker"
+    GIT_COMMIT = "mlflow.source.git.commit"
+    PARENT_RUN = "mlflow.parentRunId"
+
+
+def component_tag(role: str, field: str | None = None) -> str:
+    """The tag naming a run's component: ``harness.attention`` (its name) or
+    ``harness.attention.plugin`` (``field``: plugin, distribution, version)."""
+    return f"harness.{role}" + (f".{field}" if field else "")
+
+
+class Attr:
+    """Optuna user attributes of the harness's studies and trials."""
+
+    RECORD = "harness.record"  # on the record study: config, fingerprint, parent run, ...
+    CANDIDATE = "harness.candidate"  # on each candidate's study
+    SLOT = "harness.slot"  # slot number of an enqueued trial
+    SEED = "harness.seed"  # training seed of a confirmation slot
+    RUN = "harness.mlflow_run_id"
+    CONFIG = "harness.run_config"  # the run config a trial trained
+    FAILURE = "harness.failure"
+    TUNING_TRIAL = "harness.tuning_trial"  # the tuning trial a confirmation re-runs
+
+
+class Metric:
+    """MLflow metric keys that are not per-length validation metrics."""
+
+    TRAIN_LOSS = "train/loss"
+    TRAIN_ACC = "train/acc"
+    TRAIN_STEPS = "train/steps"
+    PARAMS = "cost/params"
+    STATE_SIZE = "cost/state_size"  # decoding-state elements per sequence at the training length
+    TOKENS_PER_S = "cost/train_tokens_per_s"
+    PEAK_GPU_MB = "cost/peak_gpu_mem_mb"
+    PEAK_RSS_MB = "cost/peak_rss_mb"
+    PEAK_RSS_INCREASE_MB = "cost/peak_rss_increase_mb"
+
+
+def val_key(metric: str, length: int | None = None) -> str:
+    """The MLflow key of a validation metric: ``val/acc`` at the training length (during
+    training), ``val/acc_len256`` at an evaluation length (MLflow forbids ``@`` in keys)."""
+    return f"val/{metric}" if length is None else f"val/{metric}_len{length}"

@@ -1,0 +1,119 @@
+"""Stage 2 of a run: build the task and the model a :class:`~harness.run.plan.Plan` names.
+
+Models receive factories for their components (``attention(d_model, num_heads, role=...)``,
+``mixer(d_model, num_heads)``, ``position(**context)``); a component that rejects its
+arguments (``ValueError``/``TypeError`` from a constructor) becomes a config error naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from harness.data import Task, TaskInfo
+from harness.errors import ConfigError, HarnessError, PluginError
+from harness.run.plan import Component, ModelParts, Plan
+
+
+@dataclass
+class Built:
+    """What a plan built: the task (its data), what the model learned about it, the model."""
+
+    task: Task
+    info: TaskInfo
+    model: Any  # torch.nn.Module
+    num_params: int
+
+
+def build(p: Plan) -> Built:
+    """Build the task from ``train.data_seed`` and the model from ``train.seed``."""
+    import lightning as L
+    import torch
+
+    t = p.config.train
+    task = build_task(p, seed=t.data_seed)
+    info = task_info(p, task)
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    model = build_model(p, info)
+    return Built(task, info, model, count_parameters(model))
+
+
+def _user_error(what: str, exc: Exception) -> HarnessError:
+    return ConfigError(f"{what} could not be built: {str(exc).rstrip('.')}. Check its params.")
+
+
+def build_task(p: Plan, seed: int) -> Task:
+    try:
+        return p.task.spec.build(p.task.params, seed=seed)  # type: ignore[no-any-return]
+    except (ValueError, TypeError) as exc:
+        raise _user_error(f"task '{p.task.name}'", exc) from None
+
+
+def task_info(p: Plan, task: Task) -> TaskInfo:
+    examples = task.examples("train", task.train_length)
+    max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
+    return TaskInfo(
+        format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes
+    )
+
+
+def build_model(p: Plan, info: TaskInfo) -> Any:
+    return build_model_from(p.parts, info)
+
+
+def attention_factory(
+    model: Component, shared: Component | None, roles: dict[str, Component]
+) -> Any:
+    """The ``attention`` argument of a model's build: ``attention(d_model, num_heads)``
+    builds the shared variant, ``attention(d_model, num_heads, role="cross")`` that role's
+    override (the shared variant when it has none; None when neither exists). None when the
+    model gets no attention at all."""
+    if shared is None and not roles:
+        return None
+    declared = model.spec.attention_roles
+
+    def attention(d_model: int, num_heads: int, *, role: str | None = None) -> Any:
+        if role is not None and role not in declared:
+            raise PluginError(
+                f"model '{model.name}' ({model.spec.provenance()}) asked for attention role "
+                f"'{role}', which its ModelSpec does not declare (attention_roles: "
+                f"{', '.join(declared) or 'none'}). The plugin must declare every role it uses."
+            )
+        comp = roles.get(role, shared) if role is not None else shared
+        if comp is None:
+            return None
+        return comp.spec.build(comp.params, d_model=d_model, num_heads=num_heads)
+
+    return attention
+
+
+def _factory(comp: Component | None) -> Any:
+    """``build(**context)`` of a component with its params bound; None without one."""
+    if comp is None:
+        return None
+    return functools.partial(comp.spec.build, comp.params)
+
+
+def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
+    """Build a model with factories for its attention variants (shared and per role), its
+    mixer and its position scheme."""
+    model = parts.model
+    kwargs: dict[str, Any] = {
+        "task": info, "attention": attention_factory(model, parts.attention, parts.attention_roles),
+        "position": _factory(parts.position),
+    }
+    if model.spec.uses_mixer:
+        mixer = _factory(parts.mixer)
+        kwargs["mixer"] = None if mixer is None else (
+            lambda d_model, num_heads: mixer(d_model=d_model, num_heads=num_heads))
+    try:
+        return model.spec.build(model.params, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise _user_error(f"model '{model.name}' (with its {', '.join(parts.components())})", exc) from None
+
+
+def count_parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

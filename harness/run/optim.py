@@ -1,0 +1,76 @@
+"""The optimiser and learning-rate schedule of a run: part of the recipe, configurable, searchable
+in a study like any other training setting, and logged with the run's config.
+
+Optimisers (``train.optimizer``): ``adamw`` (decoupled weight decay, Loshchilov & Hutter 2019),
+``adam`` (weight decay as an L2 term in the gradient, Kingma & Ba 2015), ``sgd`` (heavy-ball
+momentum ``train.momentum``). Weight decay never applies to biases, norms' gains, embeddings,
+or parameters a module marks ``param._no_weight_decay = True`` (the convention of the Mamba
+and S4 reference code for state-space parameters such as A and Δ).
+
+Schedules (``train.schedule``), each a factor of ``train.lr`` at optimizer step ``s`` after a
+linear warm-up over the first ``W = train.warmup_steps`` steps (factor (s + 1) / W), with
+``p = (s - W) / (T - W)`` the progress through the remaining ``T - W`` of ``T = max_steps``
+steps and ``r = train.min_lr_ratio`` the final factor:
+
+* ``constant``      1
+* ``cosine``        r + (1 - r) (1 + cos(pi p)) / 2           (Loshchilov & Hutter 2017)
+* ``linear``        1 - (1 - r) p
+* ``inverse_sqrt``  sqrt(W / (s + 1)), or 1 / sqrt(s + 1) without warm-up (Vaswani et al. 2017)
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("constant", "cosine", "linear", "inverse_sqrt")
+
+
+def lr_factor(step: int, *, schedule: str, warmup: int, total: int, min_ratio: float) -> float:
+    """The learning-rate factor at optimizer step ``step`` (0-based); see the module docs."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "inverse_sqrt":
+        return math.sqrt(warmup / (step + 1)) if warmup else 1.0 / math.sqrt(step + 1)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - (1 - min_ratio) * progress
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+def decays(name: str, param: Any) -> bool:
+    """Whether weight decay applies: matrices only, not embeddings, norms' gains or parameters
+    marked ``_no_weight_decay``."""
+    if getattr(param, "_no_weight_decay", False):
+        return False
+    return param.dim() >= 2 and "embed" not in name and "norm" not in name
+
+
+def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
+    """The optimiser and the per-step LambdaLR scheduler a :class:`TrainConfig` asks for."""
+    import torch
+
+    decay: list[Any] = []
+    no_decay: list[Any] = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if decays(name, p) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw":
+        opt: Any = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    elif cfg.optimizer == "adam":
+        opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas)
+    elif cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    factor = partial(lr_factor, schedule=cfg.schedule, warmup=cfg.warmup_steps, total=cfg.max_steps,
+                     min_ratio=cfg.min_lr_ratio)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

@@ -1,0 +1,259 @@
+"""Stage 1 of a run: resolve a run config against the registry into a :class:`Plan`.
+
+Everything that can be checked without building anything is checked here (names, parameters
+against their declared types and bounds, presets, the pairing of the position scheme with
+every attention variant and mixer, the batch format), so a bad config fails before anything
+is recorded.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.config import ComponentConfig, ModelConfig, RunConfig
+from harness.data import BatchFormat, batch_format
+from harness.errors import (
+    ConfigError,
+    IncompatibleError,
+    PluginError,
+    UnknownNameError,
+)
+from harness.params import resolve, to_dict
+from harness.registry import ModelSpec, PositionSpec, Registry, SequenceMixerSpec, TaskSpec
+
+#: Attention roles whose keys and values come from another sequence (the encoder's
+#: memory). Position hooks never apply there (see ``harness.nn.attention``), so these roles
+#: are not checked against the position scheme; every other role is self-attention.
+CROSS_ROLES = frozenset({"cross"})
+
+
+@dataclass
+class Component:
+    spec: Any
+    params: Any  # an instance of spec.config
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "params": to_dict(self.params)}
+
+
+@dataclass
+class ModelParts:
+    """A model config resolved: the model and the components it is built with."""
+
+    model: Component
+    attention: Component | None = None
+    position: Component | None = None
+    mixer: Component | None = None
+    #: per-role attention overrides (``model.attention_roles``), in the model's role order
+    attention_roles: dict[str, Component] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The model's part of a resolved config (every default filled in)."""
+        model = self.model.as_dict()
+        model["attention"] = self.attention.as_dict() if self.attention else None
+        if self.mixer:
+            model["mixer"] = self.mixer.as_dict()
+        model["position"] = self.position.as_dict() if self.position else None
+        if self.attention_roles:
+            model["attention_roles"] = {r: c.as_dict() for r, c in self.attention_roles.items()}
+        return model
+
+    def components(self) -> dict[str, Component]:
+        """Components by role; an attention override is ``attention.<role>``."""
+        items = {"model": self.model}
+        if self.attention:
+            items["attention"] = self.attention
+        items.update({f"attention.{r}": c for r, c in self.attention_roles.items()})
+        if self.mixer:
+            items["mixer"] = self.mixer
+        if self.position:
+            items["position"] = self.position
+        return items
+
+
+@dataclass
+class Plan:
+    """A run config resolved against the registry: specs and validated params."""
+
+    config: RunConfig
+    task: Component
+    parts: ModelParts
+    fmt: BatchFormat  # the batch format the model receives
+
+    @property
+    def model(self) -> Component:
+        return self.parts.model
+
+    @property
+    def attention(self) -> Component | None:
+        return self.parts.attention
+
+    @property
+    def position(self) -> Component | None:
+        return self.parts.position
+
+    @property
+    def mixer(self) -> Component | None:
+        return self.parts.mixer
+
+    @property
+    def attention_roles(self) -> dict[str, Component]:
+        return self.parts.attention_roles
+
+    def role_attention(self, role: str) -> Component | None:
+        """The attention variant serving ``role``: its override, else the shared one."""
+        return self.attention_roles.get(role, self.attention)
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The full config with every default filled in (logged as the run's config)."""
+        data = self.config.model_dump(mode="json")
+        data["task"] = self.task.as_dict()
+        data["model"] = self.parts.as_dict()
+        return data
+
+    def components(self) -> dict[str, Component]:
+        """Components by role (task, model, attention, attention.<role>, mixer, position)."""
+        return {"task": self.task, **self.parts.components()}
+
+
+def _component(registry: Registry, kind: str, cfg: ComponentConfig, where: str) -> Component:
+    spec = registry.get(kind, cfg.name)
+    return Component(spec, resolve(spec.config, cfg.params, f"{where}.params"))
+
+
+def check_pairing(layer: SequenceMixerSpec, position: PositionSpec) -> None:
+    """Reject an attention variant or mixer with a position scheme acting at a hook point the
+    layer cannot apply, with the layer's own reason."""
+    hooks = layer.position_hooks or frozenset()
+    missing = sorted((position.hooks or frozenset()) - hooks)
+    if missing:
+        why_not = layer.why_not or {}
+        reasons = "; ".join(why_not.get(h, f"it does not apply '{h}' hooks") for h in missing)
+        raise IncompatibleError(
+            f"{layer.kind} '{layer.name}' cannot be paired with position '{position.name}': "
+            f"the scheme acts through {', '.join(missing)} and {reasons}. Pick a position scheme "
+            f"that acts only at {', '.join(sorted(hooks)) or 'no hook'}."
+        )
+
+
+def _with_preset(registry: Registry, cfg: ModelConfig) -> ModelConfig:
+    """The model config with its named preset filled in under the values it sets itself."""
+    if cfg.preset is None:
+        return cfg
+    mspec: ModelSpec = registry.get("model", cfg.name)
+    if cfg.preset not in mspec.presets:
+        close = difflib.get_close_matches(cfg.preset, list(mspec.presets), n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"model.preset: model '{mspec.name}' has no preset '{cfg.preset}'.{hint} Its presets: "
+            f"{', '.join(mspec.presets) or 'none'}."
+        )
+    preset = mspec.presets[cfg.preset]
+    update: dict[str, Any] = {"params": {**preset.get("params", {}), **cfg.params}}
+    for role in ("attention", "mixer", "position"):
+        if getattr(cfg, role) is None and preset.get(role) is not None:
+            update[role] = ComponentConfig.model_validate(preset[role])
+    return cfg.model_copy(update=update)
+
+
+def resolve_model(registry: Registry, cfg: ModelConfig) -> ModelParts:
+    """The components of a model config (its preset and defaults filled in), with the pairing
+    of the position scheme checked against every self-attention role and the mixer."""
+    cfg = _with_preset(registry, cfg)
+    model = _component(registry, "model", cfg, "model")
+    mspec: ModelSpec = model.spec
+    parts = ModelParts(model)
+    acfg, mcfg, pcfg = cfg.attention, cfg.mixer, cfg.position
+    if mcfg is not None:
+        if not mspec.uses_mixer:
+            raise ConfigError(f"model.mixer: model '{mspec.name}' takes no mixer; remove it"
+                              + (" or use model.attention." if mspec.uses_attention else "."))
+        parts.mixer = _component(registry, "mixer", mcfg, "model.mixer")
+    if mspec.uses_attention:
+        if acfg is None and mcfg is None and mspec.default_attention:
+            acfg = ComponentConfig(name=mspec.default_attention)
+        if acfg is None and mcfg is None and mspec.attention_required:
+            raise ConfigError(
+                f"model.attention: model '{mspec.name}' needs an attention variant; add "
+                f"model.attention.name (one of {', '.join(registry.names('attention'))})."
+            )
+        if acfg is not None:
+            parts.attention = _component(registry, "attention", acfg, "model.attention")
+    elif acfg is not None:
+        raise ConfigError(
+            f"model.attention: model '{mspec.name}' takes no attention variant; remove it."
+        )
+    if mspec.uses_position:
+        if pcfg is None and mspec.default_position:
+            pcfg = ComponentConfig(name=mspec.default_position)
+        if pcfg is not None:
+            parts.position = _component(registry, "position", pcfg, "model.position")
+    elif pcfg is not None:
+        raise ConfigError(f"model.position: model '{mspec.name}' takes no position scheme; remove it.")
+    parts.attention_roles = resolve_roles(registry, mspec, cfg.attention_roles)
+    if parts.position is not None:
+        _check_pairings(mspec, parts)
+    return parts
+
+
+def _check_pairings(mspec: ModelSpec, parts: ModelParts) -> None:
+    """The position scheme against the variant of every self-attention role and the mixer."""
+    assert parts.position is not None
+    roles = parts.attention_roles
+    uses = {r: roles.get(r, parts.attention) for r in mspec.attention_roles if r not in CROSS_ROLES}
+    layers = dict(uses) if mspec.attention_roles else {"": parts.attention}
+    layers["mixer"] = parts.mixer
+    for role, comp in layers.items():
+        if comp is None:
+            continue
+        try:
+            check_pairing(comp.spec, parts.position.spec)
+        except IncompatibleError as exc:
+            if role in roles:
+                raise IncompatibleError(f"model.attention_roles.{role}: {exc}") from None
+            raise
+
+
+def resolve_roles(
+    registry: Registry, mspec: ModelSpec, cfgs: dict[str, ComponentConfig]
+) -> dict[str, Component]:
+    """The per-role attention overrides of a model config, in the model's role order."""
+    if not cfgs:
+        return {}
+    declared = mspec.attention_roles
+    if not declared:
+        fix = "set its attention variant with model.attention" if mspec.uses_attention else "remove it"
+        raise ConfigError(
+            f"model.attention_roles: model '{mspec.name}' declares no attention roles; {fix}."
+        )
+    for role in cfgs:
+        if role not in declared:
+            close = difflib.get_close_matches(role, declared, n=1, cutoff=0.5)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(
+                f"model.attention_roles.{role}: unknown role for model '{mspec.name}'; its roles "
+                f"are {', '.join(declared)}.{hint}"
+            )
+    roles = {}
+    for role in (r for r in declared if r in cfgs):
+        where = f"model.attention_roles.{role}"
+        try:
+            spec = registry.get("attention", cfgs[role].name)
+        except (UnknownNameError, PluginError) as exc:
+            raise type(exc)(f"{where}.name: {exc}") from None
+        roles[role] = Component(spec, resolve(spec.config, cfgs[role].params, f"{where}.params"))
+    return roles
+
+
+def plan(config: RunConfig, registry: Registry) -> Plan:
+    task = _component(registry, "task", config.task, "task")
+    parts = resolve_model(registry, config.model)
+    tspec: TaskSpec = task.spec
+    fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
+    return Plan(config, task, parts, fmt)

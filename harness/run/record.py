@@ -1,0 +1,126 @@
+"""Stage 5 of a run: what goes into its MLflow record.
+
+Tags name every component with its plugin, distribution and version, the git commit and the
+batch format; a run's metrics are logged once at its end (per-step training curves are
+logged by Lightning during the fit); figures are the extrapolation curve and attention maps.
+A run that ends early says why: pruned and interrupted runs end KILLED with a tag, failed
+ones FAILED with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness import tracking
+from harness.keys import Metric, Tag, component_tag, val_key
+from harness.run.build import Built
+from harness.run.evaluate import Evaluation, attention_maps
+from harness.run.fit import Fitted
+from harness.run.plan import Plan
+
+
+def provenance_tags(p: Plan) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags = {}
+    for role, comp in p.components().items():
+        tags[component_tag(role)] = comp.name
+        for attr in ("plugin", "distribution", "version"):
+            tags[component_tag(role, attr)] = getattr(comp.spec, attr)
+    with contextlib.suppress(PackageNotFoundError):
+        tags[Tag.VERSION] = version("attention-harness")
+    commit = tracking.git_commit()
+    if commit:
+        tags[Tag.GIT_COMMIT] = commit
+    tags[Tag.BATCH_FORMAT] = str(p.fmt)
+    return tags
+
+
+def default_run_name(p: Plan) -> str:
+    parts = [p.model.name]
+    if p.attention or p.attention_roles:  # the shared variant, then overrides: linear,cross=additive
+        shared = [p.attention.name] if p.attention else []
+        parts.append(",".join(shared + [f"{r}={c.name}" for r, c in p.attention_roles.items()]))
+    if p.mixer:
+        parts.append(p.mixer.name)
+    if p.position:
+        parts.append(p.position.name)
+    return "/".join(parts) + f" on {p.task.name}"
+
+
+def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
+    """MLflow status and tags of a run that ended with ``exc``.
+
+    Pruned: KILLED + ``harness.pruned``. Interrupted: KILLED + ``harness.interrupted``; this
+    covers Ctrl-C and SIGTERM, which Lightning turns into ``SystemExit`` (its
+    ``SIGTERMException`` is one) after shutting the trainer down. Anything else: FAILED with
+    the reason in ``harness.failure``.
+    """
+    if type(exc).__name__ == "TrialPruned":
+        return "KILLED", {Tag.PRUNED: "true"}
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return "KILLED", {Tag.INTERRUPTED: "true"}
+    return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
+
+
+def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict[str, float]) -> dict[str, float]:
+    """Every metric a finished run reports: quality per length, then cost."""
+    metrics = dict(evaluation.metrics)
+    if fitted.tokens_per_s:
+        metrics[Metric.TOKENS_PER_S] = fitted.tokens_per_s
+    metrics.update(peak)
+    metrics[Metric.TRAIN_STEPS] = float(fitted.steps)
+    metrics[Metric.PARAMS] = float(built.num_params)
+    state = decoding_state_size(built.model, built.info.max_length)
+    if state is not None:
+        metrics[Metric.STATE_SIZE] = float(state)
+    return metrics
+
+
+def decoding_state_size(model: Any, length: int) -> int | None:
+    """What a model keeps per sequence to decode after ``length`` positions (its
+    ``state_size``), or None for a model that does not say (it does not decode)."""
+    measure = getattr(model, "state_size", None)
+    if measure is None:
+        return None
+    try:
+        return int(measure(length))
+    except (NotImplementedError, ValueError):  # a layer without a decoding form (Linformer)
+        return None
+
+
+def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
+           evaluation: Evaluation, metrics: dict[str, float]) -> None:
+    """Log a finished run's metrics, its not-applicable lengths and its figures."""
+    tracker.log_metrics(run_id, metrics, step=fitted.steps)
+    if evaluation.not_applicable:
+        tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, evaluation.not_applicable))})
+    _log_figures(tracker, run_id, p, built, fitted, evaluation)
+
+
+def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
+                 evaluation: Evaluation) -> None:
+    from harness import plots
+
+    task, metric = built.task, "acc"
+    with tempfile.TemporaryDirectory() as tmp:
+        curve = {n: evaluation.metrics[val_key(metric, n)] for n in evaluation.lengths
+                 if val_key(metric, n) in evaluation.metrics}
+        if len(task.eval_lengths) > 1 and curve:
+            path = plots.extrapolation_curve({default_run_name(p): curve}, metric=val_key(metric),
+                                             train_length=task.train_length,
+                                             path=Path(tmp) / "extrapolation.png")
+            tracker.log_artifact(run_id, path, "plots")
+            tracker.log_dict(run_id, {"metric": metric, "train_length": task.train_length,
+                                      "points": {str(k): v for k, v in curve.items()}},
+                             "plots/extrapolation.json")
+        if p.config.train.log_attention and (p.attention is not None or p.attention_roles):
+            for i, (maps, ids) in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
+                tokens = [task.vocab.token(t) for t in ids] or None
+                path = plots.attention_maps(maps, Path(tmp) / f"attention_{i}.png",
+                                            title=f"{default_run_name(p)} — example {i}",
+                                            tokens=tokens, text=task.vocab.decode(ids) if ids else "")
+                tracker.log_artifact(run_id, path, "attention")

@@ -1,0 +1,181 @@
+"""One task-agnostic LightningModule (the *system*) and the DataModule that feeds it.
+
+The model is a plain ``nn.Module`` built from the registry; the system owns the loss
+(cross-entropy over the task's scored positions), optimisation (:mod:`harness.run.optim`), the non-finite-loss guard and metric logging. Validation runs one
+dataloader per evaluation length and logs ``val/<metric>_len<length>`` (MLflow forbids ``@``
+in metric names); the training length is also logged without suffix (``val/acc``), which is
+what studies optimise by default.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from harness.config import TrainConfig
+from harness.data import BatchFormat, Task
+from harness.keys import Metric, val_key
+from harness.run.optim import make_optimizer
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+class HarnessDataModule(L.LightningDataModule):
+    def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
+        self.val_lengths: list[int] = [task.train_length]
+        self._collate = partial(fmt.collate, task_kind=task.task_kind)
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.task.examples("train", self.task.train_length)
+        gen = torch.Generator().manual_seed(self.seed)
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
+                          collate_fn=self._collate)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [
+            DataLoader(self.task.examples("val", n), batch_size=self.batch_size,  # type: ignore[arg-type]
+                       collate_fn=self._collate)
+            for n in self.val_lengths
+        ]
+
+
+def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+    """Loss and counts over the scored positions of a batch."""
+    mask = batch["loss_mask"]
+    targets = batch["targets"]
+    flat_logits = logits[mask].float()
+    flat_targets = targets[mask]
+    nll = F.cross_entropy(flat_logits, flat_targets, reduction="sum")
+    loss = F.cross_entropy(flat_logits, flat_targets, label_smoothing=label_smoothing)
+    pred = logits.argmax(-1)
+    correct = (pred == targets) & mask
+    # a sequence is exact when every scored position is right (classification: the label)
+    exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
+    return {
+        "loss": loss,
+        "nll_sum": nll.detach(),
+        "tokens": mask.sum(),
+        "correct": correct.sum(),
+        "exact": exact,
+        "sequences": torch.tensor(mask.shape[0]),
+    }
+
+
+class HarnessSystem(L.LightningModule):
+    def __init__(self, model: torch.nn.Module, task: Task, fmt: BatchFormat, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.model, self.task, self.fmt, self.cfg = model, task, fmt, cfg
+        self.val_lengths: list[int] = [task.train_length]
+        self._sums: dict[int, dict[str, Any]] = {}
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if self.cfg.scheduled_sampling and self.fmt.feedback:  # targets feed back
+            with torch.no_grad():
+                first_pass = self(batch)
+            batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
+        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
+        loss = stats["loss"]
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"training loss became {loss.item()} at step {self.global_step}; lower the "
+                f"learning rate, raise warm-up, or enable gradient clipping."
+            )
+        bs = batch["targets"].shape[0]
+        self.log(Metric.TRAIN_LOSS, loss, on_step=True, prog_bar=True, batch_size=bs)
+        acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
+        self.log(Metric.TRAIN_ACC, acc, on_step=True, batch_size=bs)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._sums = {n: dict.fromkeys(SUMMED, 0.0) for n in self.val_lengths}
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        length = self.val_lengths[dataloader_idx]
+        stats = masked_stats(self(batch), batch)
+        sums = self._sums[length]
+        for key in SUMMED:  # tensors: no device sync per batch
+            sums[key] = sums[key] + stats[key].double()
+        for name, (total, count) in self.task.extra_metrics(self.model, batch, self.fmt).items():
+            sums[f"extra:{name}:sum"] = sums.get(f"extra:{name}:sum", 0.0) + total
+            sums[f"extra:{name}:count"] = sums.get(f"extra:{name}:count", 0.0) + count
+
+    def on_validation_epoch_end(self) -> None:
+        distributed = self.trainer.world_size > 1
+        for length in self.val_lengths:
+            metrics = summarize(self._reduce(self._sums[length]), self.task.report_perplexity)
+            for name, value in metrics.items():
+                keys = [val_key(name, length)]
+                if length == self.task.train_length:
+                    keys.append(val_key(name))
+                for key in keys:  # equal on every rank once reduced: syncing keeps Lightning quiet
+                    self.log(key, value, prog_bar=key in (val_key("loss"), val_key("acc")),
+                             sync_dist=distributed)
+
+    def _reduce(self, sums: dict[str, Any]) -> dict[str, float]:
+        """Validation sums over every device's share of the examples (one reduction)."""
+        keys = sorted(sums)
+        values = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=self.device)
+                              for k in keys])
+        if self.trainer.world_size > 1:
+            values = self.trainer.strategy.reduce(values, reduce_op="sum")
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def configure_optimizers(self) -> Any:
+        opt, sched = make_optimizer(self.model, self.cfg)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+#: The per-batch counts summed over a validation set (see :func:`masked_stats`).
+SUMMED = ("nll_sum", "tokens", "correct", "exact", "sequences")
+
+
+def scheduled_sampling(batch: dict[str, Any], logits: torch.Tensor, fmt: BatchFormat, prob: float) -> dict[str, Any]:
+    """The batch with some teacher-forced inputs replaced by the model's own predictions.
+
+    Scheduled sampling (Bengio et al., 2015) in its two-pass form (Mihaylova & Martins,
+    2019): ``logits`` come from a first, teacher-forced pass without gradients; each input
+    that is a gold target token (``tgt_in[t] == targets[t-1]`` for seq2seq, ``tokens[t] ==
+    targets[t-1]`` for lm, where ``loss_mask[t-1]`` is set) is replaced, independently with
+    probability ``prob``, by the first pass's argmax prediction of that token. The second
+    pass trains on the mixed inputs; targets are unchanged. Padding, BOS and unscored
+    context (a decoder-only model's source) are never replaced.
+    """
+    assert fmt.feedback is not None, f"targets never feed back in the {fmt} format"
+    key, padding = fmt.feedback
+    inputs = batch[key]
+    coin = torch.rand(inputs[:, 1:].shape, device=inputs.device) < prob
+    replace = coin & batch["loss_mask"][:, :-1] & ~batch[padding][:, 1:]
+    mixed = inputs.clone()
+    mixed[:, 1:] = torch.where(replace, logits[:, :-1].argmax(-1), inputs[:, 1:])
+    return {**batch, key: mixed}
+
+
+def summarize(sums: dict[str, float], perplexity: bool) -> dict[str, float]:
+    tokens = max(sums["tokens"], 1.0)
+    loss = sums["nll_sum"] / tokens
+    out = {
+        "loss": loss,
+        "acc": sums["correct"] / tokens,
+        "exact": sums["exact"] / max(sums["sequences"], 1.0),
+    }
+    if perplexity:
+        out["ppl"] = math.exp(min(loss, 50.0))
+        out["bpc"] = loss / math.log(2)
+    for key, total in sums.items():
+        if key.startswith("extra:") and key.endswith(":sum"):
+            name = key[len("extra:"): -len(":sum")]
+            out[name] = total / max(sums[f"extra:{name}:count"], 1.0)
+    return out

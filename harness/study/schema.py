@@ -1,0 +1,270 @@
+"""The YAML schema of a study: its pydantic models, their defaults, parsing and loading.
+
+Owns what a study file may say and how a malformed one is reported (errors name the field,
+``candidates[2].model.name``). Nothing here knows the registry: checking names, ranges and
+pairings against the installed plugins is :mod:`harness.study.candidates` and
+:mod:`harness.study.space`. The fingerprint of a study (what a resumed study must not
+change) is computed from these models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.config import ComponentConfig, read_yaml
+from harness.errors import ConfigError
+from harness.keys import Metric
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+#: Metrics whose direction is known; any other metric needs ``objective.direction``.
+MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
+MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
+#: Cost objectives: MLflow metric keys (first one present wins) and direction.
+COSTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
+    "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_RSS_MB), "minimize"),
+    "params": ((Metric.PARAMS,), "minimize"),
+    "state_size": ((Metric.STATE_SIZE,), "minimize"),
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchComponent(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict, description="fixed values")
+    search: dict[str, Any] = Field(default_factory=dict, description="ranges replacing the declared ones")
+    search_declared: bool = Field(True, description="also search the other declared ranges")
+
+
+class CandidateModel(SearchComponent):
+    attention: SearchComponent | None = None
+    mixer: SearchComponent | None = Field(None, exclude_if=lambda v: v is None)
+    position: SearchComponent | None = None
+    preset: str | None = Field(None, exclude_if=lambda v: v is None, description="the model's named preset")
+    attention_roles: dict[str, ComponentConfig] = Field(
+        default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
+        description="per-role attention variants, fixed (their params are never searched)",
+    )
+
+
+class Candidate(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    model: CandidateModel
+
+
+class Objective(Strict):
+    metric: str = "acc"
+    direction: Literal["maximize", "minimize"] | None = None
+    length: int | None = Field(None, ge=1, description="evaluation length (default: training length)")
+
+    @model_validator(mode="after")
+    def _infer_direction(self) -> Objective:
+        if self.direction is None:
+            if self.metric in MINIMIZE:
+                self.direction = "minimize"
+            elif self.metric in MAXIMIZE:
+                self.direction = "maximize"
+            else:
+                raise ValueError(
+                    f"direction is required for metric '{self.metric}' (maximize or minimize)"
+                )
+        return self
+
+
+CostName = Literal["tokens_per_s", "peak_memory", "params", "state_size"]
+
+
+class CostObjective(Strict):
+    metric: CostName
+
+
+class Budget(Strict):
+    trials: int = Field(ge=1, description="tuning trials per candidate")
+    steps: int = Field(ge=1, description="optimizer steps of every run")
+    params: int | None = Field(None, ge=1, description="match candidates' widths to this parameter count")
+    state_size: int | None = Field(
+        None, ge=1, exclude_if=lambda v: v is None,
+        description="match candidates' widths to this decoding-state size (elements per sequence "
+                    "at the training length, summed over layers), as Zoology and MAD do")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Budget:
+        if self.params is not None and self.state_size is not None:
+            raise ValueError("budget.params and budget.state_size both set a width: keep one")
+        return self
+    time_per_run_s: float | None = Field(None, gt=0, description="wall-clock cap of every run")
+    time_total_s: float | None = Field(None, gt=0, description="a worker starts no run after this")
+
+
+class SamplerConfig(Strict):
+    name: Literal["tpe", "random", "nsgaii"] = "tpe"
+    seed: int | None = 0
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the sampler")
+
+
+class PrunerConfig(Strict):
+    name: Literal["none", "median", "hyperband"] = "median"
+    startup_trials: int = Field(2, ge=0, description="median: trials completed before pruning starts")
+    warmup_steps: int = Field(0, ge=0, description="median: no pruning before this step")
+    reduction_factor: int = Field(3, ge=2, description="hyperband")
+
+
+class ConfirmConfig(Strict):
+    seeds: int = Field(3, ge=1, description="fresh seeds per candidate's best configuration")
+    baseline: str | None = Field(None, description="candidate the others are tested against")
+    confidence: float = Field(0.95, gt=0, lt=1, description="intervals; the tests' level is 1 - confidence")
+    # Both default to what studies did before they existed and are left out of the
+    # fingerprint at that default, so existing studies resume.
+    test: Literal["sign_flip", "t"] = Field(
+        "sign_flip", exclude_if=lambda v: v == "sign_flip",
+        description="paired test: exact sign-flip permutation test (no assumption; its smallest "
+                    "p-value is 2/2^seeds) or paired t-test (assumes roughly normal differences)")
+    vary_data: bool = Field(
+        False, strict=True, exclude_if=lambda v: not v,
+        description="each confirmation seed also draws a fresh data sample (train.data_seed = "
+                    "data_seed + k for the k-th seed, the same k for every candidate)")
+
+
+class ResumeConfig(Strict):
+    heartbeat_s: int = Field(30, ge=1, description="a running trial records a heartbeat this often")
+    grace_s: int = Field(120, ge=1, description="a trial without heartbeat for this long is retried")
+    max_retry: int = Field(2, ge=0, description="retries of an interrupted trial")
+    poll_s: float = Field(2.0, gt=0, description="how often an idle worker checks for work")
+
+
+class StudyTracking(Strict):
+    experiment: str | None = None  # default: the study name
+
+
+class StudyConfig(Strict):
+    kind: Literal["study"] = "study"
+    profile: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="the profile of the study file it was loaded with")
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    description: str = ""
+    task: ComponentConfig
+    candidates: list[Candidate] = Field(min_length=1)
+    objective: Objective = Field(default_factory=Objective)
+    cost: CostObjective | None = None
+    #: the cost on the report's quality-versus-cost front (default: the cost objective, else
+    #: the matched budget: state_size or params)
+    front: CostName | None = Field(None, exclude_if=lambda v: v is None)
+    train: dict[str, Any] = Field(default_factory=dict, description="fixed training settings")
+    search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
+    budget: Budget
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
+    resume: ResumeConfig = Field(default_factory=ResumeConfig)
+    tracking: StudyTracking = Field(default_factory=StudyTracking)
+    seed: int = Field(0, description="training seed of every tuning trial")
+    data_seed: int = Field(0, description="task data (the same for every run)")
+    plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
+
+    @model_validator(mode="after")
+    def _names(self) -> StudyConfig:
+        names = [c.name for c in self.candidates]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"candidate names must be unique; repeated: {', '.join(dup)}")
+        if self.confirm.baseline is not None and self.confirm.baseline not in names:
+            raise ValueError(
+                f"confirm.baseline '{self.confirm.baseline}' is not a candidate "
+                f"(candidates: {', '.join(names)})"
+            )
+        return self
+
+    @property
+    def width_target(self) -> tuple[str, int] | None:
+        """What candidates' widths are matched on (``params`` or ``state_size``) and the target."""
+        if self.budget.params is not None:
+            return "params", self.budget.params
+        if self.budget.state_size is not None:
+            return "state_size", self.budget.state_size
+        return None
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.cost is not None
+
+    @property
+    def baseline(self) -> str:
+        return self.confirm.baseline or self.candidates[0].name
+
+    def directions(self) -> list[str]:
+        dirs = [str(self.objective.direction)]
+        if self.cost is not None:
+            dirs.append(COSTS[self.cost.metric][1])
+        return dirs
+
+    def confirm_seeds(self) -> list[int]:
+        """Fresh seeds: never the tuning seed."""
+        return [self.seed + 1 + i for i in range(self.confirm.seeds)]
+
+    def confirm_data_seed(self, seed: int) -> int:
+        """The task data seed of the confirmation run with training seed ``seed``: the
+        study's ``data_seed``, or with ``confirm.vary_data`` a fresh one per seed (the k-th
+        confirmation seed gets ``data_seed + k``, for every candidate alike)."""
+        return self.data_seed + (seed - self.seed) if self.confirm.vary_data else self.data_seed
+
+    def protocol_dict(self) -> dict[str, Any]:
+        """What a resumed study must not change (everything but runtime settings)."""
+        return self.model_dump(mode="json", exclude={"resume": True, "plugins": True, "budget": {"time_total_s"}})
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.protocol_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- loading -----------------------------------------------------------------------------
+def format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
+    try:
+        return StudyConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors()[:5]:
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling; see studies/quickstart.yaml for the fields)"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            parts.append(f"{format_loc(tuple(err['loc']))}: {msg}")
+        more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
+        raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
+
+
+def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
+    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`); the study's
+    name defaults to the file's stem, suffixed with the profile."""
+    from harness.study import profiles
+
+    data = read_yaml(path)
+    if data.get("kind", "study") != "study":
+        raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
+    data, chosen = profiles.apply(data, profile, str(path))
+    base = Path(path).resolve().parent
+    data["plugins"] = [str((base / p).resolve()) for p in data.get("plugins") or []]
+    if name is not None:
+        data["name"] = name
+    else:
+        stem = data.get("name") or Path(path).stem
+        data["name"] = f"{stem}-{chosen}" if chosen else stem
+    data["profile"] = chosen
+    return parse_study_config(data, str(path))

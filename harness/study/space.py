@@ -1,0 +1,331 @@
+"""The validated study: a study config checked against the registry, turning trials into
+run configs.
+
+Owns :func:`validate` (everything that can be checked before a trial runs: names, fixed
+values, ranges, pairings, task compatibility, the objective's evaluation length, the
+training settings a study may fix or search), :class:`StudySpace` (one trial's run config,
+and parameter-count matching: the width whose model is closest to ``budget.params``), and
+:func:`load_registry` (the installed plugins plus the study's local plugin files).
+"""
+
+from __future__ import annotations
+
+import copy
+import typing
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from harness.config import TrainConfig
+from harness.errors import ConfigError, HarnessError, PluginError
+from harness.params import Choice, Range, resolve, unknown_params_error
+from harness.registry import Registry
+from harness.study.candidates import (
+    CandidateSpace,
+    ComponentSpace,
+    candidate_space,
+    parse_range,
+    range_values,
+)
+from harness.study.schema import StudyConfig, format_loc
+
+#: Training settings a study may search, with their type.
+TRAIN_SEARCHABLE: dict[str, type] = {
+    "lr": float, "weight_decay": float, "warmup_steps": int, "batch_size": int,
+    "label_smoothing": float, "grad_clip": float, "optimizer": str, "schedule": str,
+    "momentum": float, "min_lr_ratio": float,
+}
+#: Training settings the protocol sets; the YAML must not.
+TRAIN_PROTOCOL = {
+    "max_steps": "budget.steps", "max_time_s": "budget.time_per_run_s",
+    "seed": "seed (tuning) and confirm.seeds", "data_seed": "data_seed",
+}
+
+
+def load_registry(config: StudyConfig) -> Registry:
+    """Every installed plugin plus the study's local plugin files (which must load)."""
+    from harness import loader
+
+    registry = loader.load(config.plugins)
+    local = {Path(p).stem for p in config.plugins}
+    broken = [f for f in registry.failures if f.plugin in local]
+    if broken:
+        raise PluginError(
+            "a plugin file named in the study failed to load: "
+            + "; ".join(f.describe() for f in broken) + ". Fix the file or remove it from `plugins:`."
+        )
+    return registry
+
+
+
+def _check_devices(train: dict[str, Any]) -> None:
+    """Several devices in a trial need a launcher that stays in the worker's process."""
+    devices = train.get("devices", 1)
+    many = (devices in ("auto", -1, "-1") or (isinstance(devices, list) and len(devices) > 1)
+            or (str(devices).isdigit() and int(devices) > 1))
+    strategy = str(train.get("strategy", "auto"))
+    if many and not any(k in strategy for k in ("spawn", "fork", "notebook")):
+        raise ConfigError(
+            f"train.strategy: '{strategy}' with devices {devices!r} would make Lightning re-run "
+            f"the command once per device, and each copy would act as another study worker. "
+            f"Use strategy: ddp_spawn (or ddp_fork) for several devices in one trial, or "
+            f"devices: 1 with one worker per device."
+        )
+
+
+def _parse_train(config: StudyConfig) -> dict[str, Range]:
+    for key in config.train:
+        if key in TRAIN_PROTOCOL:
+            raise ConfigError(f"train.{key}: set by {TRAIN_PROTOCOL[key]} in a study; remove it here.")
+    try:
+        TrainConfig.model_validate(config.train)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"train.{format_loc(tuple(err['loc']))}: {err['msg']}.") from None
+    _check_devices(config.train)
+    ranges = {}
+    for key, raw in config.search.items():
+        if key not in TRAIN_SEARCHABLE:
+            raise unknown_params_error([key], sorted(TRAIN_SEARCHABLE), "search")
+        if key in config.train:
+            raise ConfigError(f"search.{key}: also fixed under train; keep one.")
+        kind = TRAIN_SEARCHABLE[key]
+        rng = parse_range(raw, kind if kind in (int, float) else None, f"search.{key}")
+        for value in range_values(rng):
+            try:
+                TrainConfig.model_validate({key: value})
+            except ValidationError as exc:
+                raise ConfigError(f"search.{key}: {value!r} is invalid: {exc.errors()[0]['msg']}.") from None
+        ranges[key] = rng
+    return ranges
+
+
+# -- the validated study -----------------------------------------------------------------
+@dataclass
+class StudySpace:
+    """A study config validated against the registry; turns trials into run configs."""
+
+    config: StudyConfig
+    registry: Registry
+    candidates: list[CandidateSpace]
+    train_ranges: dict[str, Range]
+    train_length: int
+    eval_lengths: tuple[int, ...]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def objective_length(self) -> int:
+        return self.config.objective.length or self.train_length
+
+    def candidate(self, name: str) -> CandidateSpace:
+        for cand in self.candidates:
+            if cand.name == name:
+                return cand
+        raise ConfigError(f"unknown candidate '{name}'; candidates: {', '.join(c.name for c in self.candidates)}.")
+
+    def run_config(self, cand: CandidateSpace, trial: Any | None, seed: int) -> dict[str, Any]:
+        """The run config of one trial (``trial=None``: the plugin defaults), as a dict."""
+        cfg = self.config
+        values = {c.role: c.sample(trial) for c in cand.components()}
+        train = dict(cfg.train)
+        for key, rng in self.train_ranges.items():
+            train[key] = rng.suggest(trial, f"train.{key}") if trial is not None else _first(rng)
+        train.update(max_steps=cfg.budget.steps, seed=seed, data_seed=cfg.data_seed,
+                     max_time_s=cfg.budget.time_per_run_s)
+        train.setdefault("progress", False)
+        train.setdefault("devices", 1)  # "auto" would launch one process per GPU
+        model: dict[str, Any] = {"name": cand.model.spec.name, "params": values["model"]}
+        for role in ("attention", "mixer", "position"):
+            comp = getattr(cand, role)
+            if comp is not None:
+                model[role] = {"name": comp.spec.name, "params": values[role]}
+        model.update(_fixed_roles(cand))
+        if cand.candidate.model.preset:
+            model["preset"] = cand.candidate.model.preset
+        run = {"task": cfg.task.model_dump(), "model": model, "train": train,
+               "plugins": list(cfg.plugins)}
+        if cand.width_param is not None:
+            width, _ = self.match_width(cand, run)
+            model["params"][cand.width_param] = width
+        return run
+
+    def confirm_run_config(self, best_run: dict[str, Any], seed: int) -> dict[str, Any]:
+        """A confirmation run: the best tuning configuration re-run with training seed
+        ``seed`` (initialisation and data order) and, with ``confirm.vary_data``, a fresh data
+        sample (:meth:`StudyConfig.confirm_data_seed`)."""
+        run = copy.deepcopy(best_run)
+        run["train"]["seed"] = seed
+        run["train"]["data_seed"] = self.config.confirm_data_seed(seed)
+        return run
+
+    # -- parameter-count matching -------------------------------------------------------
+    @cached_property
+    def task(self) -> Any:
+        """The study's task, built once (parameter matching needs its vocabulary)."""
+        spec = self.registry.get("task", self.config.task.name)
+        params = resolve(spec.config, self.config.task.params, "task.params")
+        try:
+            return spec.build(params, seed=self.config.data_seed)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"task '{spec.name}' could not be built: {exc}. Check task.params.") from None
+
+    def base_run_config(self, cand: CandidateSpace) -> dict[str, Any]:
+        """Task and model of a candidate: its fixed values and the first option of each
+        range the YAML gives (plugin defaults elsewhere); the configuration validated
+        before a study starts."""
+        def entry(comp: ComponentSpace) -> dict[str, Any]:
+            params = dict(comp.fixed) | {k: _first(r) for k, r in comp.ranges.items()}
+            return {"name": comp.spec.name, "params": params}
+
+        model = entry(cand.model)
+        for comp in (cand.attention, cand.mixer, cand.position):
+            if comp is not None:
+                model[comp.role] = entry(comp)
+        model.update(_fixed_roles(cand))
+        if cand.candidate.model.preset:
+            model["preset"] = cand.candidate.model.preset
+        return {"task": self.config.task.model_dump(), "model": model}
+
+    def measure(self, run: dict[str, Any], what: str = "params") -> int | None:
+        """The parameter count (``params``) or decoding-state size at the training length
+        (``state_size``) of the model a run config builds; None if it is invalid."""
+        from harness.config import parse_run_config
+        from harness.run.build import build_model, task_info
+        from harness.run.plan import plan
+        from harness.run.record import decoding_state_size
+
+        try:
+            p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)
+            info = task_info(p, self.task)
+            model = build_model(p, info)
+        except HarnessError:
+            return None
+        if what == "state_size":
+            return decoding_state_size(model, info.max_length)
+        return int(sum(t.numel() for t in model.parameters() if t.requires_grad))
+
+    def count_params(self, run: dict[str, Any]) -> int | None:
+        return self.measure(run, "params")
+
+    def match_width(self, cand: CandidateSpace, run: dict[str, Any]) -> tuple[int, int]:
+        """The width (from ``cand.widths``) whose model comes closest to the study's width
+        target (parameters or decoding-state size), and that value. Binary search: both grow
+        with width; invalid widths are skipped."""
+        assert cand.width_param is not None and self.config.width_target is not None
+        what, target = self.config.width_target
+        counts: dict[int, int | None] = {}
+
+        def count(i: int) -> int | None:
+            width = cand.widths[i]
+            if width not in counts:
+                trial_run = copy.deepcopy(run)
+                trial_run["model"]["params"][cand.width_param] = width
+                counts[width] = self.measure(trial_run, what)
+            return counts[width]
+
+        lo, hi = 0, len(cand.widths) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            probe = next((j for j in [*range(mid, hi), *range(mid - 1, lo, -1)] if count(j) is not None), None)
+            if probe is None:
+                break
+            if typing.cast(int, count(probe)) < target:
+                lo = probe
+            else:
+                hi = probe
+        for j in (lo, hi):
+            count(j)
+        valid = {w: n for w, n in counts.items() if n is not None}
+        if not valid and what == "state_size" and self.count_params(run) is not None:
+            raise ConfigError(
+                f"candidates[{cand.index}] ({cand.name}): budget.state_size matches decoding-state "
+                f"sizes, but model '{cand.model.spec.name}' declares none (no state_size: it does "
+                f"not decode incrementally); match by budget.params instead or drop the candidate."
+            )
+        if not valid:
+            raise ConfigError(
+                f"candidates[{cand.index}] ({cand.name}): no width in {cand.widths} gives a valid "
+                f"model with the other hyper-parameters; check its params and search ranges."
+            )
+        width = min(valid, key=lambda w: (abs(valid[w] - target), w))
+        return width, valid[width]
+
+
+def _fixed_roles(cand: CandidateSpace) -> dict[str, Any]:
+    """The candidate's per-role attention variants as run-config entries (validated with
+    the rest of the run config, by ``_check_plan``)."""
+    roles = cand.candidate.model.attention_roles
+    return {"attention_roles": {r: c.model_dump() for r, c in roles.items()}} if roles else {}
+
+
+def _first(rng: Range) -> Any:
+    return rng.options[0] if isinstance(rng, Choice) else rng.low
+
+
+def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
+    """Resolve the candidate's base configuration (names, pairing, task compatibility); with
+    parameter matching, any one width that makes it valid will do."""
+    from harness.config import parse_run_config
+    from harness.run.plan import plan
+
+    first_error = None
+    widths: list[int | None] = list(cand.widths) or [None]
+    for width in widths:
+        run = space.base_run_config(cand)
+        if width is not None:
+            run["model"]["params"][str(cand.width_param)] = width
+        try:
+            plan(parse_run_config(run), space.registry)
+            return
+        except HarnessError as exc:
+            first_error = first_error or exc
+    raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {first_error}") from None
+
+
+def _same_data(space: StudySpace) -> bool:
+    """Whether the task draws the same training examples for another data seed."""
+    spec = space.registry.get("task", space.config.task.name)
+    params = resolve(spec.config, space.config.task.params, "task.params")
+    other = spec.build(params, seed=space.config.data_seed + 1)
+    n = space.train_length
+    return list(other.examples("train", n)[:16]) == list(space.task.examples("train", n)[:16])
+
+
+def validate(config: StudyConfig, registry: Registry) -> StudySpace:
+    """Check everything that can be checked before a trial runs: names, fixed values, ranges,
+    pairings, task compatibility, the objective's evaluation length, parameter matching."""
+    try:
+        tspec = registry.get("task", config.task.name)
+    except HarnessError as exc:
+        raise ConfigError(f"task.name: {exc}") from None
+    resolve(tspec.config, config.task.params, "task.params")
+    train_ranges = _parse_train(config)
+    match = config.width_target[0] if config.width_target else None
+    cands = [candidate_space(registry, c, i, match) for i, c in enumerate(config.candidates)]
+    space = StudySpace(config, registry, cands, train_ranges, 0, ())
+    for cand in cands:
+        _check_plan(space, cand)
+    space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
+    length = config.objective.length
+    if length is not None and length not in space.eval_lengths:
+        raise ConfigError(
+            f"objective.length: {length} is not an evaluation length of task '{tspec.name}' "
+            f"({', '.join(map(str, space.eval_lengths))}); add it to task.params.eval_lengths."
+        )
+    if config.multi_objective and config.pruner.name != "none":
+        space.notes.append(
+            f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
+        )
+    if config.confirm.vary_data and _same_data(space):
+        space.notes.append(f"confirm.vary_data has no effect: the data of task "
+                           f"'{config.task.name}' does not depend on its seed")
+    if config.cost is not None and config.cost.metric == "peak_memory":
+        space.notes.append("peak_memory on CPU is the run's peak resident memory (it "
+                           "includes the interpreter); on GPUs the run's peak allocation")
+    if match:
+        for cand in cands:
+            space.match_width(cand, space.base_run_config(cand))
+    return space

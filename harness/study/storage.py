@@ -1,0 +1,299 @@
+"""Where a study lives: the Optuna storage, the study's record, and its slots.
+
+Owns opening the storage (SQLite by default; with heartbeats, so that the trials of a worker
+that died are re-enqueued), the record study ``NAME`` and the :class:`StudyHandle` built from
+it, creating a study exactly once (parent MLflow run, one Optuna study per candidate and
+phase, every slot enqueued as a WAITING trial) or resuming it, and the two operations through
+which workers share the storage: claiming a slot atomically and beating a claimed slot's
+heartbeat. The design is described in :mod:`harness.study`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import tracking
+from harness.errors import ConfigError, HarnessError
+from harness.keys import Attr, Phase, Tag
+from harness.study.schema import StudyConfig, parse_study_config
+from harness.study.space import StudySpace
+
+Log = Callable[[str], None]
+
+
+def phase_study_name(name: str, phase: str, candidate: str) -> str:
+    return f"{name}/{phase}/{candidate}"
+
+
+def default_storage_url() -> str:
+    path = tracking.home()
+    path.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path / 'optuna.db'}"
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password (for messages and tags)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return str(make_url(url).render_as_string(hide_password=True))
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+@contextlib.contextmanager
+def quiet_experimental() -> Iterator[None]:
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", ".*Heartbeat of storage.*")
+        yield
+
+
+def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
+                 max_retry: int = 2, must_exist: bool = False) -> Any:
+    """An Optuna RDB storage (SQLite by default). With ``heartbeat_s``, running trials record
+    heartbeats and stale ones are re-enqueued up to ``max_retry`` times."""
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    url = url or default_storage_url()
+    if must_exist and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise HarnessError(
+            f"there is no study storage at {url}. Run `harness study run FILE` first, or pass "
+            f"--storage with the URL the study was created in."
+        )
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        with quiet_experimental():
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
+            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                              grace_period=grace_s, heartbeat_stale_trial_callback=retry)
+    except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver
+        raise HarnessError(
+            f"cannot open the Optuna storage {redact(url)} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). Check --storage (for example "
+            f"postgresql+psycopg://user@host:5432/db) and that the database server is running."
+        ) from None
+
+# -- the study handle ------------------------------------------------------------------------
+@dataclass
+class StudyHandle:
+    """An existing study: its record, storage and tracking store."""
+
+    name: str
+    storage: Any
+    storage_url: str
+    record: dict[str, Any]
+    config: StudyConfig
+    tracker: tracking.Tracker
+
+    @property
+    def parent_run_id(self) -> str:
+        return str(self.record["parent_run_id"])
+
+    def load(self, phase: str, candidate: str, sampler: Any = None, pruner: Any = None) -> Any:
+        import optuna
+
+        return optuna.load_study(study_name=phase_study_name(self.name, phase, candidate),
+                                 storage=self.storage,
+                                 sampler=sampler or optuna.samplers.RandomSampler(),
+                                 pruner=pruner or optuna.pruners.NopPruner())
+
+    def experiment_id(self) -> str:
+        return str(self.tracker.client.get_run(self.parent_run_id).info.experiment_id)
+
+
+def _read_record(storage: Any, name: str) -> dict[str, Any] | None:
+    from optuna.exceptions import OptunaError
+
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except (KeyError, OptunaError):
+        return None
+    record = storage.get_study_user_attrs(study_id).get(Attr.RECORD)
+    return dict(record) if record else {}
+
+
+def study_names(storage: Any) -> list[str]:
+    return sorted(s.study_name for s in storage.get_all_studies()
+                  if Attr.RECORD in s.user_attrs)
+
+
+def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None) -> StudyHandle:
+    """An existing study by name, or a HarnessError listing the studies in the storage."""
+    import difflib
+
+    record = _read_record(storage, name)
+    if not record:
+        names = study_names(storage)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise HarnessError(
+            f"no study named '{name}' in {redact(storage_url)}.{hint} Studies there: "
+            f"{', '.join(names) or 'none'}. Pass --storage if it lives elsewhere."
+        )
+    config = parse_study_config(record["config"], f"the record of study '{name}'")
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or record.get("tracking_uri")
+    handle = StudyHandle(name, storage, storage_url, record, config, tracking.Tracker(uri))
+    if record.get("ready"):
+        _check_parent(handle)
+    return handle
+
+
+def _check_parent(handle: StudyHandle) -> None:
+    """Runs must nest under the study's parent run: it has to be in this tracking store."""
+    try:
+        handle.tracker.client.get_run(handle.parent_run_id)
+    except Exception as exc:  # MlflowException (not found) or a connection error
+        raise HarnessError(
+            f"the MLflow parent run {handle.parent_run_id} of study '{handle.name}' is not in "
+            f"the tracking store {handle.tracker.uri} ({type(exc).__name__}). Pass the "
+            f"--tracking-uri the study was created with ({handle.record.get('tracking_uri')})."
+        ) from None
+
+
+def create_or_resume(space: StudySpace, storage: Any, storage_url: str,
+                     tracking_uri: str | None = None, log: Log = print) -> StudyHandle:
+    """Create the study (record, parent MLflow run, candidate studies, slots) once; a second
+    call, or a concurrent one in another process, resumes it. A changed definition is an
+    error: resuming would mix two protocols in one result."""
+    import optuna
+
+    config = space.config
+    name = str(config.name)
+    if _read_record(storage, name) is None:
+        try:
+            with quiet_experimental():
+                optuna.create_study(study_name=name, storage=storage)  # the creation lock
+        except optuna.exceptions.DuplicatedStudyError:
+            pass
+        else:
+            return _create(space, storage, storage_url, tracking_uri, log)
+    record = _wait_until_ready(storage, name)
+    handle = open_study(name, storage, storage_url, tracking_uri)
+    if record["fingerprint"] != config.fingerprint():
+        old, new = handle.config.protocol_dict(), config.protocol_dict()
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ConfigError(
+            f"study '{name}' already exists in {redact(storage_url)} with a different definition "
+            f"(changed: {', '.join(changed)}). Resuming would mix two protocols in one result: "
+            f"restore the file, or pass --study-name NEW to start a new study."
+        )
+    return handle
+
+
+def _wait_until_ready(storage: Any, name: str, timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = _read_record(storage, name)
+        if record and record.get("ready"):
+            return record
+        if time.monotonic() > deadline:
+            raise HarnessError(
+                f"study '{name}' exists but was never fully created (its creator was "
+                f"interrupted). Start it under a new name with --study-name."
+            )
+        time.sleep(0.5)
+
+
+def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str | None,
+            log: Log) -> StudyHandle:
+    import optuna
+
+    config = space.config
+    name = str(config.name)
+    tracker = tracking.Tracker(tracking_uri)
+    experiment = config.tracking.experiment or name
+    parent = tracker.start_run(experiment, run_name=name, tags={
+        Tag.STUDY: name, Tag.KIND: "study", Tag.STORAGE: redact(storage_url),
+        Tag.FINGERPRINT: config.fingerprint(), Tag.NOTES: "; ".join(space.notes),
+    })
+    tracker.log_params(parent, {"study": config.protocol_dict()})
+    tracker.log_dict(parent, config.model_dump(mode="json"), "study.yaml")
+    tracker.client.update_run(parent, status="SCHEDULED")
+    with quiet_experimental():
+        for cand in space.candidates:
+            for phase, seeds in ((Phase.TUNE, [None] * config.budget.trials),
+                                 (Phase.CONFIRM, config.confirm_seeds())):
+                study = optuna.create_study(study_name=phase_study_name(name, phase, cand.name),
+                                            storage=storage,
+                                            directions=config.directions())  # type: ignore[arg-type]
+                study.set_user_attr(Attr.CANDIDATE, cand.name)
+                for slot, seed in enumerate(seeds):
+                    attrs: dict[str, Any] = {Attr.SLOT: slot}
+                    if seed is not None:
+                        attrs[Attr.SEED] = seed
+                    study.enqueue_trial({}, user_attrs=attrs)
+    record = {
+        "name": name, "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
+        "parent_run_id": parent, "tracking_uri": tracker.uri, "experiment": experiment,
+        "notes": space.notes, "train_length": space.train_length,
+        "eval_lengths": list(space.eval_lengths), "created": time.time(), "ready": True,
+    }
+    storage.set_study_user_attr(storage.get_study_id_from_name(name), Attr.RECORD, record)
+    log(f"created study '{name}' in {redact(storage_url)}; MLflow parent run {parent}")
+    return StudyHandle(name, storage, storage_url, record, config, tracker)
+
+# -- claiming and heartbeats ---------------------------------------------------------------------
+@contextlib.contextmanager
+def _claim_lock(storage_url: str) -> Iterator[None]:
+    """SQLite has no row locks: serialise claims of processes on this machine with a file
+    lock next to the database. PostgreSQL locks the row (SELECT ... FOR UPDATE)."""
+    if not storage_url.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    with open(storage_url[len("sqlite:///"):] + ".claim-lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def claim_slot(handle: StudyHandle, phase: str, candidate: str) -> Any | None:
+    """Atomically move one WAITING slot of a candidate to RUNNING; its FrozenTrial or None."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage = handle.storage
+    study_id = storage.get_study_id_from_name(phase_study_name(handle.name, phase, candidate))
+    with _claim_lock(handle.storage_url):
+        for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            try:
+                if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                    storage.record_heartbeat(trial_id)
+                    return storage.get_trial(trial_id)
+            except UpdateFinishedTrialError:
+                continue
+    return None
+
+
+@contextlib.contextmanager
+def heartbeat(storage: Any, trial_id: int, interval_s: float) -> Iterator[None]:
+    """Record the trial's heartbeat every ``interval_s`` while the block runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            with contextlib.suppress(Exception):  # a missed beat is retried next interval
+                storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,265 @@
+"""The worker loop: claim a slot, train its trial, report to Optuna, repeat.
+
+Owns the sampler and pruner of a trial, which slot a worker claims next, the Lightning
+callback that reports validations to Optuna and prunes, turning a finished run into
+objective values, recording a failed or interrupted trial (with a FAILED MLflow run that
+says why), and :func:`run_worker`, which runs slots until the study is complete and keeps the
+parent MLflow run's status in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import ConfigError, HarnessError
+from harness.keys import Attr, Phase, Tag, val_key
+from harness.study.candidates import CandidateSpace
+from harness.study.progress import (
+    StudyProgress,
+    best_trial,
+    fail_stale,
+    progress,
+    reconcile,
+    settle_parent,
+)
+from harness.study.schema import COSTS, StudyConfig
+from harness.study.space import StudySpace
+from harness.study.storage import (
+    Log,
+    StudyHandle,
+    claim_slot,
+    heartbeat,
+)
+
+
+# -- sampler, pruner and the next slot ----------------------------------------------------------
+def make_sampler(config: StudyConfig, seed: int | None) -> Any:
+    import optuna
+
+    classes = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+               "nsgaii": optuna.samplers.NSGAIISampler}
+    try:
+        return classes[config.sampler.name](seed=seed, **config.sampler.options)
+    except TypeError as exc:
+        raise ConfigError(f"sampler.options: {exc}.") from None
+
+
+def make_pruner(config: StudyConfig) -> Any:
+    import optuna
+
+    p = config.pruner
+    if config.multi_objective or p.name == "none":
+        return optuna.pruners.NopPruner()
+    if p.name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials,
+                                           n_warmup_steps=p.warmup_steps)
+    val_every = min(int(config.train.get("val_every", 250)), config.budget.steps)
+    return optuna.pruners.HyperbandPruner(min_resource=val_every, max_resource=config.budget.steps,
+                                          reduction_factor=p.reduction_factor)
+
+
+@dataclass
+class Job:
+    phase: str
+    cand: CandidateSpace
+    trial: Any  # FrozenTrial as claimed
+
+
+def claim_next(handle: StudyHandle, space: StudySpace, prog: StudyProgress) -> Job | None:
+    """Tuning first, the candidate with the fewest slots started (so an interrupted study has
+    tuned every candidate about equally); then confirmation of candidates whose tuning ended."""
+    by_name = {c.name: c for c in prog.candidates}
+    fewest_started = sorted(space.candidates, key=lambda c: (-by_name[c.name].tune.waiting, c.index))
+    for cand in fewest_started:
+        if by_name[cand.name].tune.waiting:
+            trial = claim_slot(handle, Phase.TUNE, cand.name)
+            if trial is not None:
+                return Job(Phase.TUNE, cand, trial)
+    for cand in space.candidates:
+        if by_name[cand.name].tune.finished and by_name[cand.name].confirm.waiting:
+            trial = claim_slot(handle, Phase.CONFIRM, cand.name)
+            if trial is not None:
+                return Job(Phase.CONFIRM, cand, trial)
+    return None
+
+
+# -- running one job -----------------------------------------------------------------------------
+def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_steps: int) -> Any:
+    """The Lightning callback that reports a trial to Optuna (:mod:`harness.study.pruning`)."""
+    from harness.study.pruning import OptunaTrialCallback
+
+    return OptunaTrialCallback(trial, monitor, report=report, prune=prune, max_steps=max_steps)
+
+
+def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
+    key = val_key(config.objective.metric, space.objective_length)
+    if key not in result.metrics:
+        na = f" It cannot run at lengths {result.not_applicable}." if result.not_applicable else ""
+        raise HarnessError(
+            f"the objective metric {key} was not logged.{na} Logged: "
+            f"{', '.join(sorted(k for k in result.metrics if k.startswith('val/')))}."
+        )
+    values = [float(result.metrics[key])]
+    if config.cost is not None:
+        keys = COSTS[config.cost.metric][0]
+        found = next((k for k in keys if k in result.metrics), None)
+        if found is None:
+            raise HarnessError(f"the cost metric ({' or '.join(keys)}) was not logged.")
+        values.append(float(result.metrics[found]))
+    if not all(math.isfinite(v) for v in values):
+        raise HarnessError(f"the objective is not finite ({values}); the run diverged.")
+    return values
+
+
+def _find_run(handle: StudyHandle, key: str) -> str | None:
+    runs = handle.tracker.client.search_runs(
+        [handle.experiment_id()], f"tags.`{Tag.TRIAL}` = '{key}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: Log) -> str:
+    """Run one claimed slot to a final Optuna state; returns that state's name."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from harness.run.pipeline import train
+
+    cfg = handle.config
+    number = job.trial.number
+    slot = int(job.trial.user_attrs[Attr.SLOT])
+    seed_base = cfg.sampler.seed
+    sampler = make_sampler(cfg, None if seed_base is None else seed_base + 7919 * job.cand.index + slot)
+    study = handle.load(job.phase, job.cand.name, sampler, make_pruner(cfg) if job.phase == Phase.TUNE else None)
+    study_id = handle.storage.get_study_id_from_name(study.study_name)
+    trial_id = handle.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+    key = f"{study.study_name}#{number}"
+    tags: dict[str, str] = {Tag.STUDY: handle.name, Tag.PHASE: str(job.phase), Tag.CANDIDATE: job.cand.name,
+            Tag.TRIAL: key, Tag.TRIAL_NUMBER: str(number), Tag.SLOT: str(slot), Tag.WORKER: worker}
+    label = f"[{job.phase} {job.cand.name} #{number}]"
+    started = time.monotonic()
+    with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
+        study.get_trials(deepcopy=False)  # like ask(): the study's storage now knows the trial
+        trial = optuna.trial.Trial(study, trial_id)
+        try:
+            run = _job_run_config(handle, space, job, trial)
+            tags[Tag.SEED] = str(run["train"]["seed"])
+            run["tracking"] = {"uri": handle.tracker.uri, "experiment": handle.record["experiment"],
+                               "run_name": f"{job.cand.name} {job.phase} #{number}"}
+            trial.set_user_attr(Attr.CONFIG, run)
+            callback = trial_callback(
+                trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
+                prune=job.phase == Phase.TUNE and not cfg.multi_objective, max_steps=cfg.budget.steps)
+            result = train(run, registry=space.registry, parent_run_id=handle.parent_run_id,
+                           callbacks=[callback], extra_tags=tags)
+            trial.set_user_attr(Attr.RUN, result.run_id)
+            values = objective_values(cfg, space, result)
+            study.tell(trial, values, skip_if_finished=True)
+            log(f"{label} {' / '.join(f'{v:.4g}' for v in values)} ({time.monotonic() - started:.1f} s)")
+            return "COMPLETE"
+        except optuna.TrialPruned as exc:
+            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            log(f"{label} {exc}")
+            return "PRUNED"
+        except (KeyboardInterrupt, SystemExit):
+            # Lightning turns Ctrl-C into SystemExit(1) and SIGTERM into SIGTERMException
+            # (a SystemExit) after its own shutdown: the trial is interrupted, not failed.
+            _fail(handle, study, trial, key, tags, "interrupted (Ctrl-C or SIGTERM)")
+            retry = handle.storage.get_heartbeat_stale_trial_callback()
+            if retry is not None:  # re-enqueue it like a trial whose worker died
+                retry(study, handle.storage.get_trial(trial_id))
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            _fail(handle, study, trial, key, tags, reason)
+            log(f"{label} FAILED: {reason}")
+            return "FAIL"
+
+
+def _job_run_config(handle: StudyHandle, space: StudySpace, job: Job, trial: Any) -> dict[str, Any]:
+    cfg = handle.config
+    if job.phase == Phase.TUNE:
+        return space.run_config(job.cand, trial, seed=cfg.seed)
+    best = best_trial(handle.load(Phase.TUNE, job.cand.name), cfg)
+    if best is None:
+        raise HarnessError(
+            f"candidate '{job.cand.name}' has no completed tuning trial (all failed or were "
+            f"pruned), so there is no configuration to confirm; see `harness study status`."
+        )
+    run = space.confirm_run_config(best.user_attrs[Attr.CONFIG], int(job.trial.user_attrs[Attr.SEED]))
+    trial.set_user_attr(Attr.TUNING_TRIAL, best.number)
+    return dict(run)
+
+
+def _fail(handle: StudyHandle, study: Any, trial: Any, key: str, tags: dict[str, str], reason: str) -> None:
+    """FAIL the trial with its reason; make sure it has a (FAILED) MLflow run to show it."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr(Attr.FAILURE, reason[:2000])
+    run_id = _find_run(handle, key)
+    if run_id is None:
+        run_id = handle.tracker.start_run(handle.record["experiment"], parent_run_id=handle.parent_run_id,
+                                          run_name=f"{tags[Tag.CANDIDATE]} {tags[Tag.PHASE]} "
+                                                   f"#{tags[Tag.TRIAL_NUMBER]}",
+                                          tags={**tags, Tag.FAILURE: reason})
+        handle.tracker.end_run(run_id, "FAILED")
+    trial.set_user_attr(Attr.RUN, run_id)
+    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+
+
+# -- the worker ---------------------------------------------------------------------------------
+@dataclass
+class WorkerSummary:
+    jobs: dict[str, int] = field(default_factory=dict)  # final state -> count
+    complete: bool = False
+
+
+def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> WorkerSummary:
+    """Claim and run slots until the study is complete (or ``budget.time_total_s`` passed):
+    retry interrupted trials, end orphaned runs, wait while other workers hold the last
+    slots, and end the parent run FINISHED when everything is done."""
+    cfg = handle.config
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    started = time.monotonic()
+    summary = WorkerSummary()
+    parent_running = False
+    try:
+        while True:
+            fail_stale(handle)
+            reconcile(handle)
+            prog = progress(handle)
+            if prog.complete:
+                settle_parent(handle, prog)
+                summary.complete = True
+                return summary
+            if cfg.budget.time_total_s and time.monotonic() - started > cfg.budget.time_total_s:
+                log(f"budget.time_total_s ({cfg.budget.time_total_s:g} s) reached; stopping this worker")
+                return summary
+            job = claim_next(handle, space, prog)
+            if job is None:
+                time.sleep(cfg.resume.poll_s)  # other workers hold the remaining slots
+                continue
+            if not parent_running:
+                handle.tracker.client.update_run(handle.parent_run_id, status="RUNNING")
+                parent_running = True
+            state = run_job(handle, space, job, worker, log)
+            summary.jobs[state] = summary.jobs.get(state, 0) + 1
+    finally:
+        if not summary.complete and parent_running:
+            _leave_parent(handle)
+
+
+def _leave_parent(handle: StudyHandle) -> None:
+    """An incomplete study's parent run stays RUNNING only while some trial runs."""
+    with contextlib.suppress(Exception):
+        prog = progress(handle)
+        if prog.complete:
+            settle_parent(handle, prog)
+        elif prog.running == 0:
+            handle.tracker.set_tags(handle.parent_run_id, {Tag.STUDY_STATE: "incomplete"})
+            handle.tracker.end_run(handle.parent_run_id, "KILLED")
