@@ -17,6 +17,7 @@ land in ``benchmarks/defaults.md`` between its ``ablations`` markers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -29,9 +30,22 @@ import compare  # noqa: E402  (sets OMP_WAIT_POLICY and HARNESS_HOME before torc
 import torch  # noqa: E402
 
 
+def default_tying(model: str) -> bool:
+    """The plugin's current ``tie_embeddings`` default."""
+    fields = dataclasses.fields(compare.registry().get("model", model).config)
+    return bool({f.name: f.default for f in fields}["tie_embeddings"])
+
+
 def spec(side: str, model: str, task: str, lr: float, label: str, *, seed: int = 0,
          params: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
          patch: str = "", hook: str = "", components: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run; a label's ``{tied}`` becomes "tied" or "untied" as ``params`` (or the plugin's
+    default) says, marked "(default)" where that is the plugin's current default."""
+    if "{tied}" in label:
+        default = default_tying(model)
+        tied = (params or {}).get("tie_embeddings", default)
+        label = label.replace("{tied}", ("tied" if tied else "untied")
+                              + (" (default)" if tied == default else ""))
     out: dict[str, Any] = {"side": side, "model": model, "task": task, "lr": lr, "seed": seed,
                            "steps": compare.TASKS[task]["steps"], "batch": compare.BATCH,
                            "model_params": params or {}, "train": train or {}, "label": label}
@@ -45,6 +59,7 @@ def spec(side: str, model: str, task: str, lr: float, label: str, *, seed: int =
 
 
 UNTIED = {"tie_embeddings": False}
+TIED = {"tie_embeddings": True}
 
 
 def g_tying() -> list[dict[str, Any]]:
@@ -55,11 +70,13 @@ def g_tying() -> list[dict[str, Any]]:
     for lr in (3e-4, 1e-3):
         out += [
             spec("ref", m, t, lr, "reference (untied, N(0,1) embedding)"),
-            spec("module", m, t, lr, "default: tied, x sqrt(d)"),
-            spec("module", m, t, lr, "tied, no x sqrt(d) (N(0,1/d) lookups)", patch="embed_unscaled"),
-            spec("module", m, t, lr, "tied, GPT-2 init N(0, 0.02²), no scale", patch="embed_gpt2"),
-            spec("module", m, t, lr, "untied, x sqrt(d)", params=UNTIED),
-            spec("module", m, t, lr, "untied, plain N(0,1) embedding", params=UNTIED, patch="embed_n01"),
+            spec("module", m, t, lr, "{tied}, x sqrt(d)", params=TIED),
+            spec("module", m, t, lr, "{tied}, no x sqrt(d) (N(0,1/d) lookups)", params=TIED,
+                 patch="embed_unscaled"),
+            spec("module", m, t, lr, "{tied}, GPT-2 init N(0, 0.02²), no scale", params=TIED,
+                 patch="embed_gpt2"),
+            spec("module", m, t, lr, "{tied}, x sqrt(d)", params=UNTIED),
+            spec("module", m, t, lr, "{tied}, plain N(0,1) embedding", params=UNTIED, patch="embed_n01"),
         ]
     return out
 
@@ -72,17 +89,17 @@ def g_recipe() -> list[dict[str, Any]]:
     out = []
     for lr in (1e-3, 3e-3, 1e-2):
         out += [
-            spec("recipe", m, t, lr, "recipe, tied (default)"),
-            spec("recipe", m, t, lr, "recipe, untied", params=UNTIED),
+            spec("recipe", m, t, lr, "recipe, {tied}", params=TIED),
+            spec("recipe", m, t, lr, "recipe, {tied}", params=UNTIED),
         ]
     for lr in (1e-3, 3e-3):
         out += [
-            spec("recipe", m, t, lr, "untied, warm-up 0", params=UNTIED, train={"warmup_steps": 0}),
-            spec("recipe", m, t, lr, "untied, no clipping", params=UNTIED, train={"grad_clip": None}),
-            spec("recipe", m, t, lr, "untied, constant lr (no warm-up, no decay)", params=UNTIED,
+            spec("recipe", m, t, lr, "{tied}, warm-up 0", params=UNTIED, train={"warmup_steps": 0}),
+            spec("recipe", m, t, lr, "{tied}, no clipping", params=UNTIED, train={"grad_clip": None}),
+            spec("recipe", m, t, lr, "{tied}, constant lr (no warm-up, no decay)", params=UNTIED,
                  hook="constant_lr"),
-            spec("recipe", m, t, lr, "untied, decay every parameter", params=UNTIED, hook="wd_all"),
-            spec("recipe", m, t, lr, "tied, no x sqrt(d)", patch="", hook="embed_unscaled"),
+            spec("recipe", m, t, lr, "{tied}, decay every parameter", params=UNTIED, hook="wd_all"),
+            spec("recipe", m, t, lr, "{tied}, no x sqrt(d)", params=TIED, hook="embed_unscaled"),
         ]
     return out
 
@@ -94,8 +111,8 @@ def g_positions() -> list[dict[str, Any]]:
     out = []
     for pos in ("rope", "learned", "none"):
         comps = {"position": pos}
-        out += [spec("recipe", m, t, 3e-3, f"{pos}, tied", components=comps),
-                spec("recipe", m, t, 3e-3, f"{pos}, untied", params=UNTIED, components=comps)]
+        out += [spec("recipe", m, t, 3e-3, pos + ", {tied}", params=TIED, components=comps),
+                spec("recipe", m, t, 3e-3, pos + ", {tied}", params=UNTIED, components=comps)]
     return out
 
 
@@ -107,14 +124,15 @@ def g_short() -> list[dict[str, Any]]:
         for lr in (1e-3, 3e-3):
             out += [
                 spec("ref", "transformer", t, lr, "reference"),
-                spec("module", "transformer", t, lr, "module, tied (default)"),
-                spec("module", "transformer", t, lr, "module, untied", params=UNTIED),
-                spec("recipe", "transformer", t, lr, "recipe, tied (default)"),
-                spec("recipe", "transformer", t, lr, "recipe, untied", params=UNTIED),
-                spec("recipe", "transformer", t, lr, "recipe, tied, constant lr", hook="constant_lr"),
-                spec("recipe", "transformer", t, lr, "recipe, untied, constant lr", params=UNTIED,
+                spec("module", "transformer", t, lr, "module, {tied}", params=TIED),
+                spec("module", "transformer", t, lr, "module, {tied}", params=UNTIED),
+                spec("recipe", "transformer", t, lr, "recipe, {tied}", params=TIED),
+                spec("recipe", "transformer", t, lr, "recipe, {tied}", params=UNTIED),
+                spec("recipe", "transformer", t, lr, "recipe, {tied}, constant lr", params=TIED,
                      hook="constant_lr"),
-                spec("recipe", "transformer", t, lr, "recipe, untied, warm-up 0", params=UNTIED,
+                spec("recipe", "transformer", t, lr, "recipe, {tied}, constant lr", params=UNTIED,
+                     hook="constant_lr"),
+                spec("recipe", "transformer", t, lr, "recipe, {tied}, warm-up 0", params=UNTIED,
                      train={"warmup_steps": 0}),
             ]
     return out
@@ -122,7 +140,8 @@ def g_short() -> list[dict[str, Any]]:
 
 def g_untie_all() -> list[dict[str, Any]]:
     """Every tied model on every task, ``harness.train`` at the recipe's best lr of the main
-    table: tied (default) vs untied. Decides tie_embeddings per model."""
+    table: tied vs untied (the plugin's current default marked). Decides tie_embeddings per
+    model."""
     best = {("transformer", "copy"): 1e-2, ("transformer", "char_lm"): 1e-2,
             ("transformer", "reverse"): 1e-2,
             ("lstm", "associative_recall"): 3e-3, ("lstm", "copy"): 1e-2, ("lstm", "char_lm"): 1e-2,
@@ -134,8 +153,8 @@ def g_untie_all() -> list[dict[str, Any]]:
             ("encoder_decoder", "reverse"): 1e-3, ("encoder_decoder", "g2p"): 3e-3}
     out = []
     for (m, t), lr in best.items():
-        out += [spec("recipe", m, t, lr, "recipe, tied (default)"),
-                spec("recipe", m, t, lr, "recipe, untied", params=UNTIED)]
+        out += [spec("recipe", m, t, lr, "recipe, {tied}", params=TIED),
+                spec("recipe", m, t, lr, "recipe, {tied}", params=UNTIED)]
     return out
 
 
@@ -144,13 +163,13 @@ def g_module_gaps() -> list[dict[str, Any]]:
     char_lm (is it tying?), rnn_seq2seq on g2p (additive attention's extra value/output
     projections?), and the untied LSTM module, which must equal the reference exactly (the
     same architecture built in the same order: a check of the comparison itself)."""
-    out = [spec("module", "lstm", "associative_recall", 3e-3, "module untied (= reference?)",
+    out = [spec("module", "lstm", "associative_recall", 3e-3, "module, {tied} (= reference?)",
                 params=UNTIED)]
     for seed in (0, 1, 2):
         out += [
             spec("ref", "gru", "char_lm", 3e-3, "reference", seed=seed),
-            spec("module", "gru", "char_lm", 3e-3, "module, tied (default)", seed=seed),
-            spec("module", "gru", "char_lm", 3e-3, "module, untied", params=UNTIED, seed=seed),
+            spec("module", "gru", "char_lm", 3e-3, "module, {tied}", params=TIED, seed=seed),
+            spec("module", "gru", "char_lm", 3e-3, "module, {tied}", params=UNTIED, seed=seed),
             spec("ref", "rnn_seq2seq", "g2p", 3e-3, "reference", seed=seed),
             spec("module", "rnn_seq2seq", "g2p", 1e-3, "module (additive)", seed=seed),
             spec("module", "rnn_seq2seq", "g2p", 3e-3, "module (additive)", seed=seed),
@@ -166,10 +185,10 @@ def g_seeds() -> list[dict[str, Any]]:
     for seed in (0, 1, 2):
         out += [
             spec("ref", m, t, 1e-3, "reference", seed=seed),
-            spec("module", m, t, 1e-3, "module, tied (default)", seed=seed),
-            spec("module", m, t, 1e-3, "module, untied", params=UNTIED, seed=seed),
-            spec("recipe", m, t, 3e-3, "recipe, tied (default)", seed=seed),
-            spec("recipe", m, t, 3e-3, "recipe, untied", params=UNTIED, seed=seed),
+            spec("module", m, t, 1e-3, "module, {tied}", params=TIED, seed=seed),
+            spec("module", m, t, 1e-3, "module, {tied}", params=UNTIED, seed=seed),
+            spec("recipe", m, t, 3e-3, "recipe, {tied}", params=TIED, seed=seed),
+            spec("recipe", m, t, 3e-3, "recipe, {tied}", params=UNTIED, seed=seed),
         ]
     return out
 
@@ -195,17 +214,19 @@ def tables(cache: dict[str, Any], groups: list[str]) -> str:
         for s in specs:
             s.setdefault("model_params", {})
             row = cache.get(compare.key(s))
-            cell = metric_cell(row, s["task"]) if row else "–"
+            cell = metric_cell(row, s["task"]) if row else compare.NOT_RUN
             label = s["label"] + (f" (seed {s['seed']})" if len(seeds) > 1 else "")
             labels.setdefault((s["model"], s["task"], label), {})[s["lr"]] = cell
             if row:
                 v = row["metrics"].get(compare.primary(s["task"])[0], math.nan)
                 values.setdefault((s["model"], s["task"], s["label"]), {}).setdefault(s["lr"], []).append(
                     math.nan if v is None else v)
-        if len(seeds) > 1:  # a mean row per variant
+        if len(seeds) > 1:  # a mean row per variant run with every seed
             for (m, t, label), by_lr in values.items():
+                if not any(len(v) == len(seeds) for v in by_lr.values()):
+                    continue
                 labels[(m, t, f"**{label}: mean of seeds {', '.join(map(str, seeds))}**")] = {
-                    lr: (f"**{sum(v) / len(v):.3f}**" if len(v) == len(seeds) else "")
+                    lr: (f"**{sum(v) / len(v):.3f}**" if len(v) == len(seeds) else compare.NOT_RUN)
                     for lr, v in by_lr.items()}
         doc = " ".join((GROUPS[g].__doc__ or g).split())
         head = ("| model | task | variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |\n"
@@ -213,7 +234,10 @@ def tables(cache: dict[str, Any], groups: list[str]) -> str:
         rows = [f"| {m} | {t} | {label} | " + " | ".join(cells.get(lr, "") for lr in lrs) + " |"
                 for (m, t, label), cells in labels.items()]
         parts.append(f"**{g}**: {doc}\n\n" + head + "\n".join(rows) + "\n")
-    return "\n".join(parts)
+    legend = ("A blank cell is a learning rate outside that variant's design; \"not run\" is a "
+              "designed run that has not been run. \"(default)\" marks the plugin's current "
+              "default.\n\n")
+    return legend + "\n".join(parts)
 
 
 def write_doc(text: str) -> None:
@@ -230,6 +254,8 @@ def write_doc(text: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", action="append", choices=sorted(GROUPS), default=[])
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the specs of this model or task (repeatable; all must match)")
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -240,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         for g in groups:
             print(f"== {g}", flush=True)
             for s in GROUPS[g]():
-                compare.run(s, cache)
+                if all(o in (s["model"], s["task"]) for o in args.only):
+                    compare.run(s, cache)
     text = tables(cache, list(GROUPS))
     print(text)
     write_doc(text)

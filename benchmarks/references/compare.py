@@ -57,13 +57,17 @@ from ref_rnnsearch import RNNSearch  # noqa: E402
 from ref_transformer import TransformerLM  # noqa: E402
 
 import harness  # noqa: E402
-from harness.data import input_length  # noqa: E402
+from harness.config import RunConfig  # noqa: E402
+from harness.data import FORMATS  # noqa: E402
+from harness.run.plan import plan  # noqa: E402
 
 RESULTS = HERE / "results" / "runs.jsonl"
 DOC = HERE.parent / "defaults.md"
 BATCH = 32
 LRS = (1e-3, 3e-3, 1e-2)
 SEED = 0
+SIDES = ("ref", "module", "recipe")
+NOT_RUN = "not run"
 
 # task name -> params and the step budget (batch 32, one CPU thread: every run <= ~60 s)
 TASKS: dict[str, dict[str, Any]] = {
@@ -192,8 +196,9 @@ def fmt_of(model: str, task: Any) -> str:
 
 
 def max_length(task: Any, fmt: str) -> int:
-    """The longest training input, as the harness computes it (``harness.build.task_info``)."""
-    return max(input_length(e, fmt, task.kind) for e in task.examples("train", task.train_length))
+    """The longest training input, as the harness computes it (``harness.run.build``)."""
+    return max(FORMATS[fmt].input_length(e, task.task_kind)
+               for e in task.examples("train", task.train_length))
 
 
 def primary(task: str) -> tuple[str, bool]:
@@ -219,7 +224,7 @@ def build_reference(model: str, vocab: int, length: int) -> torch.nn.Module:
 
 def build_harness(model: str, vocab: int, length: int, fmt: str, params: dict[str, Any],
                   extra: dict[str, Any]) -> torch.nn.Module:
-    return harness.create_model(model, vocab_size=vocab, max_length=length, task_kind=fmt,
+    return harness.create_model(model, vocab_size=vocab, max_length=length, batch_format=fmt,
                                 registry=registry(), **{**MODEL_EXTRA.get(model, {}), **extra},
                                 **params)
 
@@ -243,24 +248,30 @@ def run_loop(spec: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def run_recipe(spec: dict[str, Any]) -> dict[str, Any]:
-    """Side (c): ``harness.train`` with the defaults except the budget and the lr."""
+def run_config(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``harness.train`` config of a harness-side spec: the plugin's defaults except the
+    spec's params and components, the default ``train`` settings except the budget, the lr and
+    the settings that do not change training (threads, progress, validation once at the end,
+    no attention maps)."""
     model = spec["model"]
     components = {**MODEL_EXTRA.get(model, {}), **spec.get("components", {})}
-    mcfg: dict[str, Any] = {"name": model, "params": dict(spec["model_params"])}
-    if "attention" in components:
-        mcfg["attention"] = {"name": components["attention"]}
-    if "position" in components:
-        mcfg["position"] = {"name": components["position"]}
+    mcfg: dict[str, Any] = {"name": model, "params": dict(spec.get("model_params", {}))}
+    for role in ("attention", "position"):
+        if role in components:
+            mcfg[role] = {"name": components[role]}
     train = {"max_steps": spec["steps"], "batch_size": spec["batch"], "lr": spec["lr"],
              "seed": spec["seed"], "num_threads": 1, "progress": False,
-             "val_every": spec["steps"], "log_attention": False, **spec["train"]}
-    config = {"task": {"name": spec["task"], "params": TASKS[spec["task"]]["params"]},
-              "model": mcfg, "train": train, "tracking": {"experiment": "evidence"}}
+             "val_every": spec["steps"], "log_attention": False, **spec.get("train", {})}
+    return {"task": {"name": spec["task"], "params": TASKS[spec["task"]]["params"]},
+            "model": mcfg, "train": train, "tracking": {"experiment": "evidence"}}
+
+
+def run_recipe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Side (c): ``harness.train`` with the defaults except the budget and the lr."""
     t0 = time.perf_counter()
     try:
         hooks = [_hook(spec["hook"])] if spec.get("hook") else []
-        result = harness.train(config, registry=registry(), callbacks=hooks)
+        result = harness.train(run_config(spec), registry=registry(), callbacks=hooks)
     except Exception as exc:  # a diverged run (TrainingDiverged) is a result, not a crash
         return {"loss": math.nan, "acc": 0.0, "failed": f"{type(exc).__name__}: {exc}"[:200],
                 "seconds": time.perf_counter() - t0}
@@ -271,8 +282,23 @@ def run_recipe(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def resolved(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the harness resolves a spec to (nothing for the reference side): the model with
+    every parameter and component filled in from the current defaults, and for the recipe
+    every ``train`` setting. Part of the cache key, so a changed default re-runs exactly the
+    runs it changes (and an explicit setting equal to the new default reuses its run)."""
+    if spec["side"] == "ref":
+        return {}
+    full = plan(RunConfig.model_validate(run_config(spec)), registry()).resolved_config()
+    return {"model": full["model"], **({"train": full["train"]} if spec["side"] == "recipe" else {})}
+
+
 def key(spec: dict[str, Any]) -> str:
-    return json.dumps({k: spec[k] for k in sorted(spec) if k != "label"}, sort_keys=True)
+    """The cache key: the spec, its params, components and train settings as resolved."""
+    fixed = {k: spec[k] for k in spec if k not in ("label", "model_params", "train", "components")}
+    if spec["side"] == "ref":
+        fixed["model_params"] = spec.get("model_params", {})
+    return json.dumps({**fixed, "resolved": resolved(spec)}, sort_keys=True)
 
 
 def load_cache() -> dict[str, dict[str, Any]]:
@@ -300,7 +326,7 @@ def run(spec: dict[str, Any], cache: dict[str, dict[str, Any]], fresh: bool = Fa
         return cache[k]
     with quiet():
         metrics = run_recipe(spec) if spec["side"] == "recipe" else run_loop(spec)
-    row = {"key": k, "spec": spec, "metrics": metrics,
+    row = {"key": k, "spec": spec, "resolved": json.loads(k)["resolved"], "metrics": metrics,
            "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a") as f:
@@ -315,7 +341,7 @@ def run(spec: dict[str, Any], cache: dict[str, dict[str, Any]], fresh: bool = Fa
 
 def pair_specs(model: str, task: str, steps: int, lrs: tuple[float, ...], seed: int) -> list[dict[str, Any]]:
     return [{"side": side, "model": model, "task": task, "lr": lr, "seed": seed, "steps": steps,
-             "batch": BATCH} for side in ("ref", "module", "recipe") for lr in lrs]
+             "batch": BATCH} for side in SIDES for lr in lrs]
 
 
 def best(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
@@ -372,25 +398,29 @@ def table(cache: dict[str, dict[str, Any]], pairs: list[tuple[str, str]], steps_
             row = cache.get(key(spec))
             if row is not None:
                 by_side.setdefault(spec["side"], []).append(row)
-        if len(by_side) < 3:
-            continue
         name, _ = primary(task)
         b = {side: best(rows, task) for side, rows in by_side.items()}
-        va = b["ref"]["metrics"].get(name, math.nan)
-        vb = b["module"]["metrics"].get(name, math.nan)
-        vc = b["recipe"]["metrics"].get(name, math.nan)
+        value = {side: b[side]["metrics"].get(name, math.nan) if side in b else math.nan
+                 for side in SIDES}
+        cell = {side: fmt_metric(b[side]["metrics"], task) if side in b else NOT_RUN
+                for side in SIDES}
+        params = {side: f"{b[side]['metrics']['params']:,}" if side in b else NOT_RUN
+                  for side in SIDES}
+        if "module" not in b:  # the recipe trains the same module
+            params["module"] = params["recipe"]
+        lrs_best = " / ".join(f"{b[s]['spec']['lr']:g}" if s in b else NOT_RUN for s in SIDES)
+        verdicts = ", ".join(verdict(value["ref"], value[s], task) if "ref" in b and s in b
+                             else NOT_RUN for s in ("module", "recipe"))
         lines.append(
-            f"| {model} | {task} | {name} | {fmt_metric(b['ref']['metrics'], task)} | "
-            f"{fmt_metric(b['module']['metrics'], task)} | {fmt_metric(b['recipe']['metrics'], task)} | "
-            f"{b['ref']['metrics']['params']:,} / {b['module']['metrics']['params']:,} | "
-            + " / ".join(f"{b[s]['spec']['lr']:g}" for s in ("ref", "module", "recipe"))
-            + f" | {verdict(va, vb, task)}, {verdict(va, vc, task)} |")
-        for side in ("ref", "module", "recipe"):
-            vals = {r["spec"]["lr"]: r["metrics"].get(name, math.nan) for r in by_side[side]}
+            f"| {model} | {task} | {name} | {cell['ref']} | {cell['module']} | {cell['recipe']} | "
+            f"{params['ref']} / {params['module']} | {lrs_best} | {verdicts} |")
+        for side in SIDES:
+            vals = {r["spec"]["lr"]: r["metrics"].get(name, math.nan) for r in by_side.get(side, [])}
             cells = []
             for lr in lrs:
-                v = vals.get(lr, math.nan)
-                cells.append("–" if v is None or math.isnan(v) else f"{v:.3f}")
+                v = vals.get(lr)
+                cells.append(NOT_RUN if lr not in vals else "diverged" if v is None or math.isnan(v)
+                             else f"{v:.3f}")
             sweep_lines.append(f"| {model} | {task} | {side} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n", sweep + "\n".join(sweep_lines) + "\n"
 

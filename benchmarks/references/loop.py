@@ -41,7 +41,7 @@ def batches(task: Any, fmt: str, batch_size: int, seed: int) -> Iterator[dict[st
     data = task.examples("train", task.train_length)
     gen = torch.Generator().manual_seed(seed)
     loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=gen,
-                        collate_fn=lambda ex: collate(ex, fmt, task.kind))
+                        collate_fn=lambda ex: collate(ex, fmt, task.task_kind))
     while True:
         yield from loader
 
@@ -79,7 +79,7 @@ def evaluate(model: torch.nn.Module, task: Any, fmt: str, batch_size: int) -> di
     sums: dict[str, float] = defaultdict(float)
     data = task.examples("val", task.train_length)
     for i in range(0, len(data), batch_size):
-        batch = collate(data[i: i + batch_size], fmt, task.kind)
+        batch = collate(data[i: i + batch_size], fmt, task.task_kind)
         logits = call(model, batch, fmt)
         mask, targets = batch["loss_mask"], batch["targets"]
         sums["nll"] += float(F.cross_entropy(logits[mask].float(), targets[mask], reduction="sum"))
