@@ -23,7 +23,8 @@ from typing import Any
 from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag
-from harness.study.schema import StudyConfig, parse_study_config
+from harness.masking import mask_url
+from harness.study.schema import NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
 Log = Callable[[str], None]
@@ -39,14 +40,8 @@ def default_storage_url() -> str:
     return f"sqlite:///{path / 'optuna.db'}"
 
 
-def redact(url: str) -> str:
-    """A storage URL without its password (for messages and tags)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return str(make_url(url).render_as_string(hide_password=True))
-    except Exception:
-        return url.split("@")[-1] if "@" in url else url
+#: A storage URL without its password (for messages and tags): :func:`harness.masking.mask_url`.
+redact = mask_url
 
 
 @contextlib.contextmanager
@@ -131,8 +126,9 @@ def study_names(storage: Any) -> list[str]:
 def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None) -> StudyHandle:
     """An existing study by name, or a HarnessError listing the studies in the storage."""
     import difflib
+    import re
 
-    record = _read_record(storage, name)
+    record = _read_record(storage, name) if re.match(NAME_PATTERN, name) else None
     if not record:
         names = study_names(storage)
         close = difflib.get_close_matches(name, names, n=1)
@@ -156,8 +152,8 @@ def _check_parent(handle: StudyHandle) -> None:
     except Exception as exc:  # MlflowException (not found) or a connection error
         raise HarnessError(
             f"the MLflow parent run {handle.parent_run_id} of study '{handle.name}' is not in "
-            f"the tracking store {handle.tracker.uri} ({type(exc).__name__}). Pass the "
-            f"--tracking-uri the study was created with ({handle.record.get('tracking_uri')})."
+            f"the tracking store {redact(handle.tracker.uri)} ({type(exc).__name__}). Pass the "
+            f"--tracking-uri the study was created with ({redact(str(handle.record.get('tracking_uri')))})."
         ) from None
 
 
