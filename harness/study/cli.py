@@ -40,13 +40,32 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     from harness.study.space import load_registry, validate
     from harness.study.storage import create_or_resume, default_storage_url, open_storage
 
-    cfg = load_study_config(args.file, args.study_name)
+    cfg = load_study_config(args.file, args.study_name, args.profile)
+    if cfg.profile:
+        print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     space = validate(cfg, load_registry(cfg))
+    _warn_seeds(cfg)
     _quiet(workers=True)
     url = args.storage or default_storage_url()
     r = cfg.resume
     storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
     return create_or_resume(space, storage, url, args.tracking_uri), space
+
+
+def _warn_seeds(cfg: Any) -> None:
+    """Before anything trains: say so when the confirmation seeds are too few for the study's
+    test to resolve any difference (Holm over every pair of candidates)."""
+    import sys
+
+    from harness.stats import resolution_floor
+
+    k = len(cfg.candidates)
+    if k < 2:
+        return
+    floor = resolution_floor(cfg.confirm.test, cfg.confirm.seeds, k * (k - 1) // 2,
+                             round(1 - cfg.confirm.confidence, 12))
+    if not floor.possible:
+        print(f"warning: {floor.sentence()}", file=sys.stderr, flush=True)
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
@@ -77,9 +96,11 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 
 def _study_run(args: argparse.Namespace) -> int:
     from harness.masking import mask_text, mask_url
+    from harness.report.export import parse_formats
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker
 
+    formats = parse_formats(args.format)  # a typo fails now, not after the training
     handle, space = _prepare(args)
     for note in handle.record.get("notes", []):
         print(f"note: {note}")
@@ -91,10 +112,11 @@ def _study_run(args: argparse.Namespace) -> int:
     print(describe(handle, progress(handle)))
     storage = f" --storage {mask_url(args.storage)}" if args.storage else ""
     if summary.complete and args.report:
-        from harness.report.write import write_report
+        from harness.report.write import write_report, written_files
 
-        out = write_report(handle, args.out)
-        print(f"report: {out / 'results.md'} (also logged to the parent run)")
+        out = write_report(handle, args.out, formats=formats)
+        print(f"report: {', '.join(map(str, written_files(out, formats)))} (also logged to the "
+              f"parent run)")
     elif summary.complete:
         print(f"write the report with `harness report {handle.name}{storage}`; browse with `harness ui`")
     return 0
@@ -123,14 +145,23 @@ def cmd_study_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.write import write_report
+    from harness.report.export import parse_formats
+    from harness.report.write import write_report, written_files
 
+    formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
-    out = write_report(handle, args.out)
+    out = write_report(handle, args.out, formats=formats)
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
-    for name in ("results.md", "results.html", "summary.json"):
-        print(f"  {out / name}")
+    for path in written_files(out, formats):
+        print(f"  {path}")
     return 0
+
+
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", action="append", default=None, metavar="FORMAT",
+                   help="md, html, csv, latex, json (repeat or give a comma list; default "
+                        "md,html,json). csv: candidates.csv and seeds.csv; latex: table.tex "
+                        "(booktabs)")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -142,8 +173,11 @@ def add_parsers(subparsers: Any) -> None:
     p = sub.add_parser("run", help="create (or resume) a study and work on it until it is complete")
     p.add_argument("file", help="study YAML (see studies/quickstart.yaml)")
     p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_study_run)
 
@@ -151,6 +185,8 @@ def add_parsers(subparsers: Any) -> None:
                                       "several workers)")
     p.add_argument("file", help="study YAML")
     p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
     _storage_args(p)
     p.set_defaults(handler=cmd_study_create)
 
@@ -163,5 +199,6 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("study", help="study name")
     p.add_argument("--out", default=None,
                    help="report folder (default: $HARNESS_HOME/reports/<study>)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_report)

@@ -48,6 +48,7 @@ COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
     "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_RSS_MB), "minimize"),
     "params": ((Metric.PARAMS,), "minimize"),
+    "state_size": ((Metric.STATE_SIZE,), "minimize"),
 }
 
 
@@ -60,7 +61,9 @@ class SearchComponent(Strict):
 
 class CandidateModel(SearchComponent):
     attention: SearchComponent | None = None
+    mixer: SearchComponent | None = Field(None, exclude_if=lambda v: v is None)
     position: SearchComponent | None = None
+    preset: str | None = Field(None, exclude_if=lambda v: v is None, description="the model's named preset")
     attention_roles: dict[str, ComponentConfig] = Field(
         default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
         description="per-role attention variants, fixed (their params are never searched)",
@@ -92,8 +95,11 @@ class Objective(Strict):
         return self
 
 
+CostName = Literal["tokens_per_s", "peak_memory", "params", "state_size"]
+
+
 class CostObjective(Strict):
-    metric: Literal["tokens_per_s", "peak_memory", "params"]
+    metric: CostName
 
 
 class Budget(Strict):
@@ -101,9 +107,19 @@ class Budget(Strict):
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps of every run")
     params: int | None = Field(None, ge=1, le=10**13,
                                description="match candidates' widths to this parameter count")
+    state_size: int | None = Field(
+        None, ge=1, le=10**13, exclude_if=lambda v: v is None,
+        description="match candidates' widths to this decoding-state size (elements per sequence "
+                    "at the training length, summed over layers), as Zoology and MAD do")
     time_per_run_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap of every run")
     time_total_s: float | None = Field(None, gt=0, le=MAX_SECONDS,
                                        description="a worker starts no run after this")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Budget:
+        if self.params is not None and self.state_size is not None:
+            raise ValueError("budget.params and budget.state_size both set a width: keep one")
+        return self
 
 
 class SamplerConfig(Strict):
@@ -140,7 +156,17 @@ class PrunerConfig(Strict):
 class ConfirmConfig(Strict):
     seeds: int = Field(3, ge=1, le=1000, description="fresh seeds per candidate's best configuration")
     baseline: str | None = Field(None, description="candidate the others are tested against")
-    confidence: float = Field(0.95, gt=0, lt=1)
+    confidence: float = Field(0.95, gt=0, lt=1, description="intervals; the tests' level is 1 - confidence")
+    # Both default to what studies did before they existed and are left out of the
+    # fingerprint at that default, so existing studies resume.
+    test: Literal["sign_flip", "t"] = Field(
+        "sign_flip", exclude_if=lambda v: v == "sign_flip",
+        description="paired test: exact sign-flip permutation test (no assumption; its smallest "
+                    "p-value is 2/2^seeds) or paired t-test (assumes roughly normal differences)")
+    vary_data: bool = Field(
+        False, strict=True, exclude_if=lambda v: not v,
+        description="each confirmation seed also draws a fresh data sample (train.data_seed = "
+                    "data_seed + k for the k-th seed, the same k for every candidate)")
 
 
 class ResumeConfig(Strict):
@@ -164,12 +190,17 @@ class StudyTracking(Strict):
 
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
+    profile: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="the profile of the study file it was loaded with")
     name: Name | None = None
     description: str = ""
     task: ComponentConfig
     candidates: list[Candidate] = Field(min_length=1)
     objective: Objective = Field(default_factory=Objective)
     cost: CostObjective | None = None
+    #: the cost on the report's quality-versus-cost front (default: the cost objective, else
+    #: the matched budget: state_size or params)
+    front: CostName | None = Field(None, exclude_if=lambda v: v is None)
     train: dict[str, Any] = Field(default_factory=dict, description="fixed training settings")
     search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
     budget: Budget
@@ -196,6 +227,15 @@ class StudyConfig(Strict):
         return self
 
     @property
+    def width_target(self) -> tuple[str, int] | None:
+        """What candidates' widths are matched on (``params`` or ``state_size``) and the target."""
+        if self.budget.params is not None:
+            return "params", self.budget.params
+        if self.budget.state_size is not None:
+            return "state_size", self.budget.state_size
+        return None
+
+    @property
     def multi_objective(self) -> bool:
         return self.cost is not None
 
@@ -212,6 +252,12 @@ class StudyConfig(Strict):
     def confirm_seeds(self) -> list[int]:
         """Fresh seeds: never the tuning seed."""
         return [self.seed + 1 + i for i in range(self.confirm.seeds)]
+
+    def confirm_data_seed(self, seed: int) -> int:
+        """The task data seed of the confirmation run with training seed ``seed``: the
+        study's ``data_seed``, or with ``confirm.vary_data`` a fresh one per seed (the k-th
+        confirmation seed gets ``data_seed + k``, for every candidate alike)."""
+        return self.data_seed + (seed - self.seed) if self.confirm.vary_data else self.data_seed
 
     def protocol_dict(self) -> dict[str, Any]:
         """What a resumed study must not change (everything but runtime settings)."""
@@ -233,24 +279,29 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
         raise ConfigError(text.replace("invalid config in", "invalid study in", 1)) from None
 
 
-def load_study_config(path: str | Path, name: str | None = None) -> StudyConfig:
-    """Read a study YAML; the study's name defaults to the file's stem."""
+def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
+    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`); the study's
+    name defaults to the file's stem, suffixed with the profile."""
+    from harness.study import profiles
+
     data = read_yaml(path)
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
+    data, chosen = profiles.apply(data, profile, str(path))
     plugins = data.get("plugins") or []
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         base = Path(path).resolve().parent
         data["plugins"] = [str((base / p).resolve()) for p in plugins]
     if name is not None:
         data["name"] = name
-    if "name" not in data:
+    else:
         import re
 
-        stem = Path(path).stem
-        if not re.match(NAME_PATTERN, stem):
+        stem = data.get("name") or Path(path).stem
+        if "name" not in data and not re.match(NAME_PATTERN, stem):
             raise ConfigError(f"{path}: the study is named after its file, and '{stem}' is not a "
                               f"valid name (letters, digits, '_', '.', '-'); add name: to the file "
                               f"or pass --study-name.")
-        data["name"] = stem
+        data["name"] = f"{stem}-{chosen}" if chosen else stem
+    data["profile"] = chosen
     return parse_study_config(data, str(path))
