@@ -58,13 +58,19 @@ def ctrl_c(at_once: str) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def paragraph(text: str) -> str:
+    """A message as one wrapped paragraph, passwords masked; paths, URLs and names such as
+    UTF-8 are never broken at a hyphen or split (copy them from the terminal as they are)."""
+    return textwrap.fill(mask_text(text), width=100, break_on_hyphens=False, break_long_words=False)
+
+
 def report_interrupt(exc: Interrupted) -> int:
     """One paragraph: what was kept and how to go on."""
     kept = exc.kept or "nothing was recorded yet"
     text = f"harness: interrupted (Ctrl-C). Kept: {kept}."
     if exc.resume:
         text += f" {exc.resume}"
-    print(textwrap.fill(mask_text(text), width=100), file=sys.stderr)
+    print(paragraph(text), file=sys.stderr)
     return 130
 
 
@@ -209,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except HarnessError as exc:
-        print(textwrap.fill(mask_text(f"harness: error: {exc}"), width=100), file=sys.stderr)
+        print(paragraph(f"harness: error: {exc}"), file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
         return report_interrupt(exc)

@@ -86,7 +86,7 @@ def _innermost(exc: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
-def _configuration(p: Plan) -> str:
+def configuration(p: Plan) -> str:
     """The settings that decide memory: the model, its components' params, batch and length."""
     parts = []
     for role, comp in p.components().items():
@@ -112,7 +112,7 @@ def describe(exc: BaseException, p: Plan, stage: str, run_id: str | None = None)
     if is_out_of_memory(exc):
         return OutOfMemory(
             f"{what} FAILED while {stage}: out of memory ({type(exc).__name__}: {_first_line(exc)}) "
-            f"with {_configuration(p)}. The memory it held was released.{recorded} Lower "
+            f"with {configuration(p)}. The memory it held was released.{recorded} Lower "
             f"train.batch_size or the model's size, or give it a device with more memory."
         )
     found = blame(exc, p)

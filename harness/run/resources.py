@@ -25,7 +25,7 @@ from typing import Any
 
 from harness.data import TaskInfo
 from harness.errors import HarnessError, OutOfMemory
-from harness.run.failure import is_out_of_memory
+from harness.run.failure import configuration, is_out_of_memory
 from harness.run.plan import Plan
 
 GiB = 2**30
@@ -82,12 +82,13 @@ def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], An
             warnings.simplefilter("ignore")
             model = build_model(p, info)
     except (MemoryError, OverflowError) as exc:  # the plugin allocated host memory itself
-        raise OutOfMemory(f"the model cannot be built: {type(exc).__name__} ({exc}).") from None
+        raise OutOfMemory(f"the model cannot be built with {configuration(p)}: {type(exc).__name__} "
+                          f"({exc}). Nothing was trained or recorded. Lower the model's size.") from None
     except HarnessError:
         return None  # a config error: the real build reports it
     except Exception as exc:  # a plugin that needs real tensors to build (not meta-safe)
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():  # ... and asked for too much
-            raise OutOfMemory(f"the model cannot be built: {type(exc).__name__}: "
+            raise OutOfMemory(f"the model cannot be built with {configuration(p)}: {type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[0][:300]}. Nothing was trained or "
                               f"recorded. Lower the model's size.") from None
         return None
