@@ -54,6 +54,35 @@ def quiet_experimental() -> Iterator[None]:
         yield
 
 
+#: The PostgreSQL advisory lock that serialises creating Optuna's schema (any 64-bit key
+#: no other program uses: "harness!" in ASCII).
+SCHEMA_LOCK = int.from_bytes(b"harness!", "big") & (2**63 - 1)
+
+
+@contextlib.contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """Hold a database-wide lock while Optuna creates or checks its schema, so that workers
+    started together on an empty PostgreSQL database do not race ``CREATE TABLE`` (one would
+    die with a ``UniqueViolation``). SQLite serialises writers itself; other back-ends are
+    not locked."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK})
+    finally:
+        engine.dispose()
+
+
 def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
                  max_retry: int = 2, must_exist: bool = False) -> Any:
     """An Optuna RDB storage (SQLite by default). With ``heartbeat_s``, running trials record
@@ -68,7 +97,7 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
         )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
-        with quiet_experimental():
+        with quiet_experimental(), schema_lock(url):
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
