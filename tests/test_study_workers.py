@@ -23,6 +23,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from servers import free_port
+from test_study import mlflow_server  # noqa: F401 (a fixture)
 
 from harness.cli import main
 
@@ -189,3 +190,45 @@ def _kill_and_read(procs) -> str:
     for p in procs:
         p.kill()
     return "\n---\n".join(p.communicate()[0] or "" for p in procs if not p.stdout.closed)
+
+
+@pytest.mark.slow
+def test_scale_out_recipe(tmp_path, harness_home, postgres_url, mlflow_server):  # noqa: F811
+    """The README's scale-out recipe as written: a fresh PostgreSQL database, a real `mlflow
+    server`, 4 workers started together by examples/slurm_study.sh (as a Slurm array would),
+    with no `study create` first. Every slot runs once, every run is FINISHED on the server."""
+    import psycopg
+
+    admin = postgres_url.replace("postgresql+psycopg", "postgresql")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE recipe")
+    storage = postgres_url.rsplit("/", 1)[0] + "/recipe"
+    study = copy.deepcopy(STUDY) | {"name": "recipe", "budget": {"trials": 2, "steps": 20},
+                                    "confirm": {"seeds": 2}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(study))
+    script = Path(__file__).resolve().parent.parent / "examples" / "slurm_study.sh"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HARNESS_STORAGE": storage,
+           "MLFLOW_TRACKING_URI": mlflow_server, "SLURM_CPUS_PER_TASK": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    workers = [subprocess.Popen(["bash", str(script), str(path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env={**env, "SLURM_ARRAY_TASK_ID": str(i)}) for i in range(4)]
+    outputs = [w.communicate(timeout=900)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0] * 4, "\n\n".join(outputs)
+
+    client = MlflowClient(mlflow_server)
+    record = optuna.load_study(study_name="recipe", storage=storage).user_attrs["harness.record"]
+    parent = record["parent_run_id"]
+    assert client.get_run(parent).info.status == "FINISHED"
+    runs = client.search_runs([client.get_run(parent).info.experiment_id],
+                              f"tags.mlflow.parentRunId = '{parent}'")
+    for cand in ("sin", "nope"):
+        for phase, slots in (("tune", 2), ("confirm", 2)):
+            trials = optuna.load_study(study_name=f"recipe/{phase}/{cand}", storage=storage).get_trials()
+            assert [t.number for t in trials] == list(range(slots))
+            assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert len(runs) == 8 and all(r.info.status == "FINISHED" for r in runs)
+    status = subprocess.run([sys.executable, "-m", "harness.cli", "study", "status", "recipe",
+                             "--storage", storage], capture_output=True, text=True, env=env)
+    assert status.returncode == 0 and "complete" in status.stdout
