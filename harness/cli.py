@@ -112,6 +112,14 @@ def _train(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.insert(0, f"{key}={value}")
+    if args.from_run:
+        if args.config or overrides:
+            raise HarnessError("harness train --from-run RUN_ID re-runs a recorded run as it was: "
+                               "pass no config file, --set or component flags with it.")
+        from harness.reproduce import reproduce
+
+        return reproduce(args.from_run, tracking_uri=args.tracking_uri,
+                         extra_plugins=[os.path.abspath(p) for p in args.plugin])
     if args.no_progress:
         overrides.append("train.progress=false")
     if args.config is None and not any(o.startswith("task.name=") for o in overrides):
@@ -186,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--from-run", default=None, metavar="RUN_ID",
+                   help="re-run a recorded MLflow run (its config, seeds and plugins) and say "
+                        "whether its metrics match the recorded ones")
     _plugin_args(p)
     _tracking_args(p)
     p.set_defaults(handler=cmd_train)
