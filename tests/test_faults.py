@@ -134,18 +134,28 @@ def _wait_for_training(uri: str, proc: subprocess.Popen, timeout: float = 240) -
     raise AssertionError("the run did not start training in time")
 
 
-@pytest.mark.slow
-def test_ctrl_c_on_train_exits_130_saying_what_was_kept(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+def _interrupt_training(uri: str, presses: int) -> tuple[int, str, Any]:
+    """Start a long `harness train`, press Ctrl-C ``presses`` times once it trains: its exit
+    code, stderr and MLflow run."""
     proc = _start(["train", *TINY_TRAIN, "--max-steps", "100000", "--set", "train.val_every=4",
                    "--tracking-uri", uri])
     try:
         run = _wait_for_training(uri, proc)
-        proc.send_signal(signal.SIGINT)
+        for press in range(presses):
+            if press:
+                time.sleep(0.05)  # two signals before Python's handler runs count as one
+            proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    return proc.returncode, err, run
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_train_exits_130_saying_what_was_kept(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    code, err, run = _interrupt_training(uri, presses=1)
+    assert code == 130, err
     assert "Traceback" not in err
     assert f"Kept: MLflow run {run.info.run_id}, ended KILLED" in " ".join(err.split())
     assert "Run the same command again" in err
@@ -158,18 +168,8 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     """The second press must land while the first one's cleanup runs; when the cleanup won
     the race (the first press's message alone), try again."""
     for attempt in range(4):
-        uri = f"sqlite:///{tmp_path / f'm{attempt}.db'}"
-        proc = _start(["train", *TINY_TRAIN, "--max-steps", "100000", "--set", "train.val_every=4",
-                       "--tracking-uri", uri])
-        try:
-            _wait_for_training(uri, proc)
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.05)  # two signals before Python's handler runs count as one
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
-        assert proc.returncode == 130, err
+        code, err, _ = _interrupt_training(f"sqlite:///{tmp_path / f'm{attempt}.db'}", presses=2)
+        assert code == 130, err
         assert "Traceback" not in err
         if "interrupted again: exiting at once" in err:
             assert "Kept:" not in err
