@@ -202,7 +202,7 @@ def test_ctrl_c_on_a_study_worker_exits_130_with_the_resume_command(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     text = " ".join(err.split())
-    assert "Traceback" not in err and f"Resume with `harness study run {path} --storage {storage}`" in text
+    assert "Traceback" not in err and f"Resume with `harness study run {path} --storage {storage} --tracking-uri {uri}`" in text
     (trial,) = [t for t in trials(storage, "killed", "tune", "mha") if t.number == victim.number]
     assert trial.state == TrialState.FAIL
     run = MlflowClient(uri).get_run(victim.user_attrs["harness.mlflow_run_id"])

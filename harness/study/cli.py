@@ -82,7 +82,9 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from harness.errors import Interrupted
     from harness.masking import mask_url
 
-    storage = f" --storage {mask_url(args.storage)}" if args.storage else ""
+    same = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
+        ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),
+        ("tracking_uri", args.tracking_uri)) if value)
     with ctrl_c("The running trial stays RUNNING until its heartbeat goes stale; the next "
                 "worker retries it."):
         try:
@@ -90,7 +92,7 @@ def cmd_study_run(args: argparse.Namespace) -> int:
         except Interrupted as exc:
             exc.kept = ("every finished trial; a trial this worker was running is recorded FAILED "
                         "(its MLflow run KILLED) and queued again")
-            exc.resume = f"Resume with `harness study run {args.file}{storage}`."
+            exc.resume = f"Resume with `harness study run {args.file}{same}`."
             raise
 
 
