@@ -71,3 +71,11 @@ def gpu(session: nox.Session) -> None:
     session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no GPU'")
     session.run("pytest", "-x", *session.posargs)
     session.run("harness", "bench", "attention", "--device", "cuda")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The property tests of bad input with thousands of examples (a few hundred run in `tests`)."""
+    install(session)
+    session.run("pytest", "-q", "tests/test_bad_input.py", *session.posargs,
+                env={**ENV, "HYPOTHESIS_PROFILE": "fuzz"})

@@ -8,14 +8,18 @@ paragraph and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Interrupted
+from harness.masking import mask_text
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -23,6 +27,51 @@ Handler = Callable[[argparse.Namespace], int]
 def _plugin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
                    help="load a local plugin file (repeatable)")
+
+
+@contextlib.contextmanager
+def ctrl_c(at_once: str) -> Iterator[None]:
+    """The first Ctrl-C raises :class:`Interrupted` (the run or trial is ended cleanly and
+    recorded); a second one exits at once with code 130, saying ``at_once`` (what is left).
+    A SIGINT the shell made us ignore (a background job) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    presses = 0
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            raise Interrupted()
+        print(f"\nharness: interrupted again: exiting at once. {at_once}", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def paragraph(text: str) -> str:
+    """A message as one wrapped paragraph, passwords masked; paths, URLs and names such as
+    UTF-8 are never broken at a hyphen or split (copy them from the terminal as they are)."""
+    return textwrap.fill(mask_text(text), width=100, break_on_hyphens=False, break_long_words=False)
+
+
+def report_interrupt(exc: Interrupted) -> int:
+    """One paragraph: what was kept and how to go on."""
+    kept = exc.kept or "nothing was recorded yet"
+    text = f"harness: interrupted (Ctrl-C). Kept: {kept}."
+    if exc.resume:
+        text += f" {exc.resume}"
+    print(paragraph(text), file=sys.stderr)
+    return 130
 
 
 def _tracking_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +92,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # -- train -----------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
+    with ctrl_c("The run stays RUNNING in MLflow (a run does not resume; train it again)."):
+        try:
+            return _train(args)
+        except Interrupted as exc:
+            exc.resume = exc.resume or ("Run the same command again to train it from the start "
+                                        "(a run does not resume).")
+            raise
+
+
+def _train(args: argparse.Namespace) -> int:
     from harness.config import load_run_config
 
     overrides = list(args.set)
@@ -53,8 +112,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.insert(0, f"{key}={value}")
-    if args.tracking_uri:
-        overrides.append(f"tracking.uri={args.tracking_uri}")
+    if args.from_run:
+        if args.config or overrides:
+            raise HarnessError("harness train --from-run RUN_ID re-runs a recorded run as it was: "
+                               "pass no config file, --set or component flags with it.")
+        from harness.reproduce import reproduce
+
+        return reproduce(args.from_run, tracking_uri=args.tracking_uri,
+                         extra_plugins=[os.path.abspath(p) for p in args.plugin])
     if args.no_progress:
         overrides.append("train.progress=false")
     if args.config is None and not any(o.startswith("task.name=") for o in overrides):
@@ -62,6 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                            "try `harness train studies/copy_quickstart.yaml`.")
     cfg = load_run_config(args.config, overrides)
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
+    if args.tracking_uri:  # as given: a URI is not YAML ('#' would start a comment)
+        cfg.tracking.uri = args.tracking_uri
 
     from harness.run.pipeline import train
 
@@ -127,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--from-run", default=None, metavar="RUN_ID",
+                   help="re-run a recorded MLflow run (its config, seeds and plugins) and say "
+                        "whether its metrics match the recorded ones")
     _plugin_args(p)
     _tracking_args(p)
     p.set_defaults(handler=cmd_train)
@@ -156,10 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except HarnessError as exc:
-        print(textwrap.fill(f"harness: error: {exc}", width=100), file=sys.stderr)
+        print(paragraph(f"harness: error: {exc}"), file=sys.stderr)
         return exc.exit_code
+    except Interrupted as exc:
+        return report_interrupt(exc)
     except KeyboardInterrupt:
-        print("harness: interrupted", file=sys.stderr)
+        print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
     except SystemExit as exc:
         # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which

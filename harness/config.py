@@ -15,23 +15,72 @@ against the plugin's declared dataclass when the run is built (``harness.run.pla
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable
+import re
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import annotated_types
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from harness.errors import ConfigError
+from harness.yaml_io import parse_value, read_yaml
+
+__all__ = ["read_yaml"]  # re-exported: the study schema reads its files the same way
+
+#: Seeds as numpy and Lightning accept them.
+MAX_SEED = 2**32 - 1
+#: Sane upper limits: a value beyond them is a typo (``1e30``), never an intended budget.
+MAX_STEPS = 10**9
+MAX_BATCH = 2**20
+MAX_SECONDS = 366 * 86400
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The base of every harness schema (run config, study file): unknown fields are errors,
+    numbers are strict (a boolean is not a number, ``"3"`` is not an int, ``2.5`` is not an
+    int) and floats must be finite. Declare a valid range (``ge``/``gt``/``le``/``lt``) on
+    every numeric field; :func:`format_validation_error` shows it in the error."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _check_name(value: str) -> str:
+    """A name that may become a folder or file name: no separators, no '..', no control
+    characters, not hidden."""
+    if not value.strip():
+        raise ValueError("must not be empty")
+    bad = sorted({c for c in value if c in "/\\" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"must not contain {', '.join(repr(c) for c in bad)} (it names a folder); "
+                         f"use letters, digits, spaces, '_', '-' and '.'")
+    if value.startswith(".") or value.startswith(" ") or value.endswith(" "):
+        raise ValueError("must not start with '.' or start or end with a space (it names a folder)")
+    return value
+
+
+#: A name that becomes part of a path (an MLflow experiment's artifact folder).
+SafeName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_check_name)]
+
+
+def _tuple_from_list(value: Any) -> Any:
+    """YAML and JSON have no tuples: accept a list where the schema declares a tuple."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 class ComponentConfig(Strict):
-    name: str
+    name: str = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -52,52 +101,56 @@ class ModelConfig(ComponentConfig):
     )
 
 
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+PRECISIONS = ("auto", "32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true",
+              "bf16-true", "64-true", "64", "transformer-engine", "transformer-engine-float16")
+
+
 class TrainConfig(Strict):
-    max_steps: int = Field(1000, ge=1, description="optimizer steps (the budget)")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps (the budget)")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH)
+    lr: float = Field(1e-3, gt=0, le=100)
+    weight_decay: float = Field(0.01, ge=0, le=100)
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="see harness.run.optim")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam(W) moment decay rates")
+    betas: Annotated[
+        tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]],
+        BeforeValidator(_tuple_from_list),
+    ] = Field((0.9, 0.999), description="Adam(W) moment decay rates, each in [0, 1)")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     schedule: Literal["constant", "cosine", "linear", "inverse_sqrt"] = Field(
         "cosine", description="learning-rate schedule after warm-up (see harness.run.optim)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / lr (cosine, linear)")
-    warmup_steps: int = Field(100, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)
-    val_every: int = Field(250, ge=1, description="validate every N optimizer steps")
-    seed: int = Field(0, description="model initialisation and data order")
-    data_seed: int = Field(0, description="task data generation (same data for every candidate)")
+    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS)
+    grad_clip: float | None = Field(1.0, gt=0, le=1e6)
+    val_every: int = Field(250, ge=1, le=MAX_STEPS, description="validate every N optimizer steps")
+    seed: Seed = Field(0, description="model initialisation and data order")
+    data_seed: Seed = Field(0, description="task data generation (same data for every candidate)")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     scheduled_sampling: float = Field(
         0.0, ge=0, le=1,
         description="probability of feeding the model its own argmax prediction instead of the "
                     "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
-    max_time_s: float | None = Field(None, gt=0, description="wall-clock cap for fitting")
-    accelerator: str = "auto"
-    devices: int | str | list[int] = "auto"
-    strategy: str = "auto"
-    precision: str = "auto"  # auto: bf16-mixed on GPUs that support it, else 32-true
-    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: default)")
+    max_time_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap for fitting")
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = "auto"
+    devices: (Annotated[int, Field(ge=-1, le=4096)]
+              | Annotated[str, Field(pattern=r"^(auto|-1|\d+|\d+(,\d+)*,?)$")]
+              | Annotated[list[Annotated[int, Field(ge=0, le=4096)]], Field(min_length=1)]) = Field(
+        "auto", description="a count (-1: all), 'auto', '0,1' or a list of device indices")
+    strategy: str = Field("auto", pattern=r"^[A-Za-z0-9_]+$")
+    precision: Annotated[Literal[PRECISIONS], BeforeValidator(  # type: ignore[valid-type]
+        lambda v: str(v) if type(v) is int else v)] = "auto"  # auto: bf16-mixed on GPUs that support it, else 32-true
+    num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: default)")
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
 
 
-    @field_validator("betas")
-    @classmethod
-    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"each beta must lie in [0, 1), got {betas}")
-        return betas
-
-
 class TrackingConfig(Strict):
-    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else the project-local store
-    experiment: str = "harness"
-    run_name: str | None = None
-    tags: dict[str, str] = Field(default_factory=dict)
+    uri: str | None = Field(None, min_length=1)  # None: $MLFLOW_TRACKING_URI, else the project-local store
+    experiment: SafeName = "harness"
+    run_name: str | None = Field(None, min_length=1, max_length=250)
+    tags: dict[Annotated[str, Field(min_length=1, max_length=250)], str] = Field(default_factory=dict)
 
 
 class RunConfig(Strict):
@@ -117,67 +170,158 @@ class RunConfig(Strict):
         return paths
 
 
-def dotted_loc(loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as ``model.params.d_model``."""
-    return ".".join(str(p) for p in loc) or "(top level)"
+# -- errors that name the field and the fix ----------------------------------------------
+def format_loc(loc: tuple[Any, ...]) -> str:
+    """``('candidates', 2, 'model', 'name')`` -> ``candidates[2].model.name``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
 
 
-def format_validation_error(
-    exc: ValidationError,
-    source: str,
-    *,
-    what: str = "config",
-    fields: str = "the README",
-    loc: Callable[[tuple[Any, ...]], str] = dotted_loc,
-    strip_value_error: bool = False,
-) -> str:
-    """One paragraph naming each of the first five problems: ``invalid {what} in {source}:
-    field: problem; ...``. ``fields``: where the valid fields are listed; ``loc`` formats a
-    field's location; ``strip_value_error`` drops pydantic's "Value error, " prefix."""
+def _union_members(tp: Any) -> list[Any] | None:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(tp) if a is not type(None)]
+    return None
+
+
+def _strip(tp: Any) -> tuple[Any, list[Any]]:
+    """A type without ``Annotated`` (and its metadata) and without ``| None``."""
+    meta: list[Any] = []
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp, *more = typing.get_args(tp)
+            meta += more
+            continue
+        members = _union_members(tp)
+        if members is not None and len(members) == 1:
+            tp = members[0]
+            continue
+        return tp, meta
+
+
+def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, list[Any], list[str]]:
+    """Follow an error's location through the schema: the location without pydantic's union
+    member tags, the type found there, its constraints, and the field names next to it."""
+    clean: list[Any] = []
+    tp: Any = model
+    meta: list[Any] = []
+    siblings: list[str] = []
+    for part in loc:
+        tp, more = _strip(tp)
+        meta = list(more)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            clean.append(part)
+            siblings = list(tp.model_fields)
+            field = tp.model_fields.get(str(part))
+            if field is None:
+                return tuple(clean), None, [], siblings
+            tp, meta = field.annotation, list(field.metadata)
+            continue
+        if _union_members(tp) is not None:  # a tag naming the union member that failed
+            return tuple(clean), None, [], siblings
+        origin = typing.get_origin(tp)
+        clean.append(part)
+        if origin in (list, tuple) and isinstance(part, int):
+            args = typing.get_args(tp)
+            tp = args[0] if origin is list or (len(args) == 2 and args[1] is Ellipsis) else (
+                args[part] if part < len(args) else None)
+        elif origin is dict:
+            tp = typing.get_args(tp)[1]
+        else:
+            tp = None
+        meta = []
+    tp, more = _strip(tp)
+    return tuple(clean), tp, meta + more, siblings
+
+
+def describe_valid(tp: Any, meta: list[Any]) -> str:
+    """What a field accepts: 'an integer from 1 to 1048576', 'a finite number > 0', ..."""
+    kinds = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    what = kinds.get(tp)
+    if what is None:
+        return ""
+    lo = hi = None
     parts = []
-    for err in exc.errors()[:5]:
-        msg = err["msg"].removeprefix("Value error, ") if strip_value_error else err["msg"]
+    for m in meta:
+        for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(m, attr, None)
+            if value is not None and isinstance(m, annotated_types.BaseMetadata):
+                parts.append(f"{op} {value:g}" if isinstance(value, float) else f"{op} {value}")
+                lo = value if attr == "ge" else lo
+                hi = value if attr == "le" else hi
+    if lo is not None and hi is not None and len(parts) == 2:
+        return f"{what} from {lo} to {hi}"
+    return what + (" " + " and ".join(parts) if parts else "")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel] | None = None,
+                            fields_doc: str = "the README", prefix: str = "") -> str:
+    """One paragraph naming each wrong field (up to five), what was given and what is valid.
+    ``prefix``: where ``model`` sits in the user's file (``train.``)."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    errors = exc.errors()
+    for err in errors:
+        loc, tp, meta, siblings = _walk(model, tuple(err["loc"])) if model else (tuple(err["loc"]), None, [], [])
+        where = prefix + format_loc(loc)
+        if where in seen:
+            continue
+        seen.add(where)
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = f"unknown field (check the spelling; see {fields} for the fields)"
+            close = difflib.get_close_matches(str(loc[-1]), siblings, n=1) if loc else []
+            msg = ("unknown field" + (f" (did you mean '{close[0]}'?)" if close else
+                                       f" (check the spelling; see {fields_doc} for the fields)"))
         elif err["type"] == "missing":
             msg = "required field is missing"
-        parts.append(f"{loc(tuple(err['loc']))}: {msg}")
-    more = f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else ""
-    return f"invalid {what} in {source}: " + "; ".join(parts) + more + "."
+        else:
+            given = err.get("input")
+            if isinstance(given, bool) and tp in (int, float):
+                msg = "expects a number, not a boolean"
+            msg += f" (got {_short(given)})"
+            valid = describe_valid(tp, meta) if err["type"] != "value_error" else ""
+            if valid:
+                msg += f"; valid: {valid}"
+        parts.append(f"{where}: {msg}")
+        if len(parts) == 5:
+            break
+    more = len({format_loc(tuple(e["loc"])) for e in errors}) - len(seen)
+    tail = f" (and {more} more)" if more > 0 and len(parts) == 5 else ""
+    return f"invalid config in {source}: " + "; ".join(parts) + tail + "."
 
 
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist. Pass the path of a YAML file.")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p} is not valid YAML{where}: {getattr(exc, 'problem', exc)}.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must contain a mapping at the top level, not {type(data).__name__}.")
-    return data
+# -- loading -------------------------------------------------------------------------------
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars)."""
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML: ``3``, ``[16, 32]``, ``{a: 1}``)."""
     for item in overrides:
-        if "=" not in item:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not _KEY.match(key):
             raise ConfigError(
-                f"override {item!r} must look like key.path=value, e.g. train.max_steps=200."
+                f"override {item!r} must look like key.path=value (letters, digits, '_' and '-' "
+                f"between dots), e.g. train.max_steps=200."
             )
-        key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw else None
+        value = parse_value(raw, f"the value of override {key!r}")
         node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: '{part}' is not a mapping.")
+                raise ConfigError(f"override {item!r}: '{'.'.join(parts[: i + 1])}' is not a mapping "
+                                  f"(it is {_short(child)}).")
             node = child
         node[parts[-1]] = value
     return data
@@ -192,15 +336,19 @@ def load_run_config(
     source = "command-line overrides"
     if path is not None:
         data.update(read_yaml(path))
-        source = str(path)
-        base_dir = Path(path).resolve().parent
-        data["plugins"] = [str((base_dir / p).resolve()) for p in data.get("plugins") or []]
+        source = str(path) + (" and command-line overrides" if overrides else "")
+        plugins = data.get("plugins") or []
+        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+            base_dir = Path(path).resolve().parent
+            data["plugins"] = [str((base_dir / p).resolve()) for p in plugins]
     apply_overrides(data, list(overrides or []))
     return parse_run_config(data, source)
 
 
 def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config in {source}: a mapping is needed, not {type(data).__name__}.")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source, RunConfig)) from None

@@ -28,3 +28,27 @@ class PluginError(HarnessError):
 
 class IncompatibleError(HarnessError):
     """A combination of components cannot work together (declared by the plugins)."""
+
+
+class RunFailed(HarnessError):
+    """A run (or a study trial) failed while building, training or evaluating: a plugin
+    raised, memory ran out, the loss diverged. The run is recorded FAILED with this message;
+    the CLI prints it as one paragraph and exits with code 1."""
+
+    exit_code = 1
+
+
+class OutOfMemory(RunFailed):
+    """A run needed more memory than the device has (refused before training, or raised)."""
+
+
+class Interrupted(SystemExit):
+    """The user pressed Ctrl-C. A ``SystemExit`` (code 130, as a shell reports SIGINT), not a
+    ``KeyboardInterrupt``: Lightning turns a ``KeyboardInterrupt`` into ``exit(1)`` and ignores
+    every later Ctrl-C, while any other exception is torn down and re-raised as it is. Code that
+    ends runs and trials treats it like ``KeyboardInterrupt``. ``kept`` and ``resume`` are
+    filled in on the way up and printed by the CLI."""
+
+    def __init__(self, kept: str = "", resume: str = "") -> None:
+        super().__init__(130)
+        self.kept, self.resume = kept, resume

@@ -25,6 +25,8 @@ class Tag:
 
     # every run
     VERSION = "harness.version"
+    TORCH_VERSION = "harness.torch_version"
+    RERUN_OF = "harness.rerun_of"  # the run `harness train --from-run` re-ran
     BATCH_FORMAT = "harness.batch_format"
     FAILURE = "harness.failure"  # the reason a run FAILED
     PRUNED = "harness.pruned"  # KILLED by the pruner

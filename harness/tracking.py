@@ -1,5 +1,9 @@
 """MLflow tracking: the project-local store, runs with provenance, nesting by explicit id.
 
+Every value logged (params, tags, dict artifacts) has its URL passwords masked
+(:mod:`harness.masking`); experiment names become artifact folders only through
+:func:`safe_folder`, which no name can escape.
+
 Default store (no server, no configuration): ``$HARNESS_HOME`` or ``./.harness`` holding
 ``mlflow.db`` (SQLite backend) and ``artifacts/``. ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` switch to a server. Child runs name their parent explicitly
@@ -13,8 +17,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.keys import Tag
+from harness.masking import mask_text, mask_url, split_credentials
 
 ENV_HOME = "HARNESS_HOME"
 MAX_PARAM_LEN = 6000
@@ -47,8 +52,41 @@ def tracking_uri(explicit: str | None = None) -> str:
     return f"sqlite:///{path / 'mlflow.db'}"
 
 
+def without_credentials(uri: str) -> str:
+    """An HTTP(S) URI's ``user:password@`` moved into MLflow's credential variables for this
+    process (and the processes it starts), so that the URI the harness uses, prints and
+    records has none. Variables the user set win."""
+    bare, user, password = split_credentials(uri)
+    if user is not None:
+        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", user)
+    if password is not None:
+        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
+    return bare
+
+
 def artifact_root() -> Path:
     return home() / "artifacts"
+
+
+def safe_folder(name: str) -> str:
+    """The folder name of a user-given name (an experiment): letters, digits, '_', '-' and
+    '.' kept, anything else (separators, spaces, control characters) replaced by '_', never
+    '.' or '..' or hidden; a short hash keeps two names that map alike apart."""
+    import hashlib
+    import re
+
+    folder = re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".")[:100] or "_"
+    if folder != name:
+        folder += "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return folder
+
+
+def inside(root: Path, name: str) -> Path:
+    """``root / safe_folder(name)``, checked to lie inside ``root`` (no escape by any name)."""
+    path = (root / safe_folder(name)).resolve()
+    if path.parent != root.resolve():
+        raise ConfigError(f"the name {name!r} would make a folder outside {root}; rename it.")
+    return path
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -78,7 +116,7 @@ class Tracker:
     def __init__(self, uri: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.uri = tracking_uri(uri)
+        self.uri = without_credentials(tracking_uri(uri))
         self.client = MlflowClient(tracking_uri=self.uri)
 
     def experiment_id(self, name: str) -> str:
@@ -88,12 +126,12 @@ class Tracker:
             exp = self.client.get_experiment_by_name(name)
         except MlflowException as exc:
             raise HarnessError(
-                f"cannot reach the MLflow tracking store at {self.uri}: {exc.message}. Check "
+                f"cannot reach the MLflow tracking store at {mask_url(self.uri)}: {exc.message}. Check "
                 f"--tracking-uri / MLFLOW_TRACKING_URI, or start the server."
             ) from None
         except Exception as exc:  # connection errors from requests/sqlalchemy
             raise HarnessError(
-                f"cannot reach the MLflow tracking store at {self.uri} ({type(exc).__name__}: "
+                f"cannot reach the MLflow tracking store at {mask_url(self.uri)} ({type(exc).__name__}: "
                 f"{exc}). Check --tracking-uri / MLFLOW_TRACKING_URI, or start the server."
             ) from None
         if exp is not None:
@@ -102,7 +140,7 @@ class Tracker:
             return str(exp.experiment_id)
         location = None
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
-            location = (artifact_root() / name).as_uri()
+            location = inside(artifact_root(), name).as_uri()
         try:
             return str(self.client.create_experiment(name, artifact_location=location))
         except MlflowException:  # created concurrently by another worker
@@ -118,7 +156,7 @@ class Tracker:
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
     ) -> str:
-        all_tags = dict(tags or {})
+        all_tags = {k: mask_text(str(v)) for k, v in (tags or {}).items()}
         if parent_run_id:
             all_tags[Tag.PARENT_RUN] = parent_run_id
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=all_tags)
@@ -127,14 +165,14 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+        items = [Param(k, mask_text(str(v))[:MAX_PARAM_LEN]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i: i + 100])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items() if v is not None]
+        items = [RunTag(k, mask_text(str(v))[:MAX_PARAM_LEN]) for k, v in tags.items() if v is not None]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, tags=items[i: i + 100])
 
@@ -149,7 +187,10 @@ class Tracker:
             self.client.log_batch(run_id, metrics=items[i: i + 500])
 
     def log_dict(self, run_id: str, data: dict[str, Any], name: str) -> None:
-        self.client.log_dict(run_id, data, name)
+        """Log ``data`` as an artifact (YAML or JSON by the name's suffix), passwords masked."""
+        import json
+
+        self.client.log_dict(run_id, json.loads(mask_text(json.dumps(data))), name)
 
     def log_artifact(self, run_id: str, path: str | os.PathLike[str], folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)

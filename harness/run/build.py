@@ -8,6 +8,7 @@ arguments (``ValueError``/``TypeError`` from a constructor) becomes a config err
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +27,17 @@ class Built:
     num_params: int
 
 
-def build(p: Plan) -> Built:
-    """Build the task from ``train.data_seed`` and the model from ``train.seed``."""
+def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
+    """Build the task from ``train.data_seed`` and the model from ``train.seed``; ``check``
+    sees the task's info before the model is built (the pipeline's memory check)."""
     import lightning as L
     import torch
 
     t = p.config.train
     task = build_task(p, seed=t.data_seed)
     info = task_info(p, task)
+    if check is not None:
+        check(info)
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
@@ -54,6 +58,9 @@ def build_task(p: Plan, seed: int) -> Task:
 
 def task_info(p: Plan, task: Task) -> TaskInfo:
     examples = task.examples("train", task.train_length)
+    if not examples:
+        raise ConfigError(f"task '{p.task.name}' has no training examples (at length "
+                          f"{task.train_length}). Check its params (task.params).")
     max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
         format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes

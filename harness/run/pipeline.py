@@ -18,13 +18,16 @@ from typing import Any
 
 from harness import tracking
 from harness.config import RunConfig, load_run_config, parse_run_config
-from harness.errors import PluginError
-from harness.keys import Metric
+from harness.errors import ConfigError, HarnessError, Interrupted, PluginError, RunFailed
+from harness.keys import Metric, Tag
+from harness.masking import mask_url
 from harness.memory import PeakMemory
 from harness.registry import Registry
-from harness.run.build import build
-from harness.run.plan import plan
+from harness.run import failure
+from harness.run.build import build, build_model
+from harness.run.plan import Plan, plan
 from harness.run.record import default_run_name, ending, provenance_tags, record, run_metrics
+from harness.run.resources import check_memory
 
 
 @dataclass
@@ -76,41 +79,122 @@ def train(
 
     ``callbacks``: extra Lightning callbacks (a study adds its pruning callback).
     ``parent_run_id``: nest the run under this MLflow run (studies pass it explicitly).
+
+    Failures are one paragraph, never a traceback: a bad config raises a ``ConfigError``
+    before anything is recorded; a run that cannot fit in memory raises ``OutOfMemory``
+    before anything is allocated; an exception while building, training or evaluating
+    raises ``RunFailed`` naming the plugin and its frame (the run recorded FAILED, the memory
+    it held released); Ctrl-C raises ``Interrupted`` saying which run was kept (KILLED).
     """
+    cfg = as_config(config)
+    p = plan(cfg, load_registry(cfg, registry))
+    check_trainer_settings(cfg)
+    device = _device(cfg)
+    return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {})
+
+
+def _build(p: Plan, device: Any) -> Any:
+    """The task and the model, after the memory check; a plugin's exception named."""
+    try:
+        return build(p, check=lambda info: check_memory(p, info, device, build_model))
+    except HarnessError:
+        raise
+    except Exception as exc:
+        error = failure.build_error(exc, p) or failure.describe(exc, p, "building it")
+    failure.release_memory(device)
+    raise error
+
+
+def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks: list[Any],
+         extra_tags: dict[str, str]) -> RunResult:
+    """Fit, evaluate and record one built run in its own MLflow run, which always ends
+    FINISHED, FAILED or KILLED."""
     from harness.run.evaluate import evaluate
     from harness.run.fit import fit
 
-    cfg = as_config(config)
-    p = plan(cfg, load_registry(cfg, registry))
-    built = build(p)
+    cfg = p.config
     resolved = p.resolved_config()
     tracker = tracking.Tracker(cfg.tracking.uri)
     run_id = tracker.start_run(
         cfg.tracking.experiment, run_name=cfg.tracking.run_name or default_run_name(p),
         parent_run_id=parent_run_id,
-        tags={**provenance_tags(p), **cfg.tracking.tags, **(extra_tags or {})},
+        tags={**provenance_tags(p), **cfg.tracking.tags, **extra_tags},
     )
     status = "FAILED"
     metrics: dict[str, float] = {}
     not_applicable: list[int] = []
+    error: RunFailed | None = None
+    stage = "starting"
     try:
-        tracker.log_params(run_id, resolved)
-        tracker.log_dict(run_id, resolved, "config.yaml")
+        logged = masked(resolved)
+        tracker.log_params(run_id, logged)
+        tracker.log_dict(run_id, logged, "config.yaml")
         tracker.log_metrics(run_id, {Metric.PARAMS: built.num_params})
-        with PeakMemory(_device(cfg)) as peak:
-            fitted = fit(p, built, run_id, tracker.uri, callbacks or [])
+        with PeakMemory(device) as peak:
+            stage = "training"
+            fitted = fit(p, built, run_id, tracker.uri, callbacks)
+            stage = "evaluating"
             evaluation = evaluate(p, built, fitted)
+        stage = "recording"
         metrics = run_metrics(built, fitted, evaluation, peak.metrics())
         record(tracker, run_id, p, built, fitted, evaluation, metrics)
         not_applicable = evaluation.not_applicable
         status = "FINISHED"
     except BaseException as exc:
         status, tags = ending(exc)
+        if isinstance(exc, Interrupted):
+            exc.kept = (f"MLflow run {run_id}, ended KILLED (tag {Tag.INTERRUPTED}=true) with "
+                        f"what it logged while {stage}")
+        elif isinstance(exc, Exception) and not isinstance(exc, HarnessError) and status == "FAILED":
+            error = failure.describe(exc, p, stage, run_id)
+            tags[Tag.FAILURE] = str(error)
         tracker.set_tags(run_id, tags)
-        raise
+        if error is None:
+            raise
     finally:
         tracker.end_run(run_id, status)
+    if error is not None:  # raised outside the handler: the failed run's frames are freed
+        del built
+        failure.release_memory(device)
+        raise error
     return RunResult(run_id, status, metrics, built.num_params, resolved, not_applicable)
+
+
+def masked(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config as it is logged: the tracking URI without its password."""
+    logged = dict(resolved)
+    track = dict(logged.get("tracking") or {})
+    if track.get("uri"):
+        track["uri"] = mask_url(str(track["uri"]))
+    logged["tracking"] = track
+    return logged
+
+
+def check_trainer_settings(cfg: RunConfig) -> None:
+    """Lightning's own checks of the accelerator, devices, strategy and precision, run before
+    anything is recorded (a GPU asked for on a machine without one, devices it lacks)."""
+    import logging
+    import warnings
+
+    import lightning as L
+
+    t = cfg.train
+    logging.disable(logging.INFO)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            L.Trainer(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+                      precision=t.precision if t.precision != "auto" else "32-true",  # type: ignore[arg-type]
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, max_steps=1)
+    except Exception as exc:  # MisconfigurationException, ValueError, TypeError, RuntimeError
+        raise ConfigError(
+            f"train: Lightning cannot train with accelerator={t.accelerator!r}, devices="
+            f"{t.devices!r}, strategy={t.strategy!r}, precision={t.precision!r} on this machine: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+        ) from None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _device(cfg: RunConfig) -> Any:

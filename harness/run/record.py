@@ -32,6 +32,9 @@ def provenance_tags(p: Plan) -> dict[str, str]:
             tags[component_tag(role, attr)] = getattr(comp.spec, attr)
     with contextlib.suppress(PackageNotFoundError):
         tags[Tag.VERSION] = version("attention-harness")
+    import torch
+
+    tags[Tag.TORCH_VERSION] = torch.__version__
     commit = tracking.git_commit()
     if commit:
         tags[Tag.GIT_COMMIT] = commit

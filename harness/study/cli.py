@@ -69,13 +69,35 @@ def _warn_seeds(cfg: Any) -> None:
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
+    from harness.masking import mask_url
+
     handle, _ = _prepare(args)
     print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}"
-          + (f" --storage {args.storage}`" if args.storage else "`"))
+          + (f" --storage {mask_url(args.storage)}`" if args.storage else "`"))
     return 0
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
+    from harness.cli import ctrl_c
+    from harness.errors import Interrupted
+    from harness.masking import mask_url
+
+    same = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
+        ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),
+        ("tracking_uri", args.tracking_uri)) if value)
+    with ctrl_c("The running trial stays RUNNING until its heartbeat goes stale; the next "
+                "worker retries it."):
+        try:
+            return _study_run(args)
+        except Interrupted as exc:
+            exc.kept = ("every finished trial; a trial this worker was running is recorded FAILED "
+                        "(its MLflow run KILLED) and queued again")
+            exc.resume = f"Resume with `harness study run {args.file}{same}`."
+            raise
+
+
+def _study_run(args: argparse.Namespace) -> int:
+    from harness.masking import mask_text, mask_url
     from harness.report.export import parse_formats
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker
@@ -84,13 +106,13 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     handle, space = _prepare(args)
     for note in handle.record.get("notes", []):
         print(f"note: {note}")
-    print(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at {handle.tracker.uri}",
-          flush=True)
-    summary = run_worker(handle, space, log=lambda line: print(line, flush=True))
+    print(mask_text(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at "
+                    f"{handle.tracker.uri}"), flush=True)
+    summary = run_worker(handle, space, log=lambda line: print(mask_text(line), flush=True))
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
     print(describe(handle, progress(handle)))
-    storage = f" --storage {args.storage}" if args.storage else ""
+    storage = f" --storage {mask_url(args.storage)}" if args.storage else ""
     if summary.complete and args.report:
         from harness.report.write import write_report, written_files
 

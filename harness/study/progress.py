@@ -134,7 +134,7 @@ def describe(handle: StudyHandle, prog: StudyProgress) -> str:
     lines = [
         f"study {handle.name}: {'complete' if prog.complete else 'in progress'}"
         f" ({prog.running} trial(s) running now)",
-        f"  storage {redact(handle.storage_url)}; MLflow {handle.tracker.uri}, parent run "
+        f"  storage {redact(handle.storage_url)}; MLflow {redact(handle.tracker.uri)}, parent run "
         f"{handle.parent_run_id} ({prog.parent_status})",
         f"  objective: {obj.direction} val/{obj.metric} at {length}"
         + (f"; cost: {cfg.cost.metric}" if cfg.cost else "")

@@ -11,17 +11,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from harness.config import ComponentConfig, format_validation_error, read_yaml
+from harness.config import (
+    MAX_SECONDS,
+    MAX_STEPS,
+    ComponentConfig,
+    SafeName,
+    Seed,
+    Strict,
+    format_validation_error,
+    read_yaml,
+)
 from harness.errors import ConfigError
 from harness.keys import Metric
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+#: Study and candidate names become folder names (reports) and Optuna study names.
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
+#: Tuning seeds: the sampler of slot ``i`` of candidate ``c`` gets ``seed + 7919 c + i``
+#: and confirmation seeds count up from ``seed``: both must stay valid numpy seeds.
+StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
 MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
 MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
@@ -34,12 +49,8 @@ COSTS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class SearchComponent(Strict):
-    name: str
+    name: str = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict, description="fixed values")
     search: dict[str, Any] = Field(default_factory=dict, description="ranges replacing the declared ones")
     search_declared: bool = Field(True, description="also search the other declared ranges")
@@ -57,15 +68,15 @@ class CandidateModel(SearchComponent):
 
 
 class Candidate(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     description: str = ""
     model: CandidateModel
 
 
 class Objective(Strict):
-    metric: str = "acc"
+    metric: str = Field("acc", min_length=1)
     direction: Literal["maximize", "minimize"] | None = None
-    length: int | None = Field(None, ge=1, description="evaluation length (default: training length)")
+    length: int | None = Field(None, ge=1, le=10**7, description="evaluation length (default: training length)")
 
     @model_validator(mode="after")
     def _infer_direction(self) -> Objective:
@@ -89,38 +100,58 @@ class CostObjective(Strict):
 
 
 class Budget(Strict):
-    trials: int = Field(ge=1, description="tuning trials per candidate")
-    steps: int = Field(ge=1, description="optimizer steps of every run")
-    params: int | None = Field(None, ge=1, description="match candidates' widths to this parameter count")
+    trials: int = Field(ge=1, le=100_000, description="tuning trials per candidate")
+    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps of every run")
+    params: int | None = Field(None, ge=1, le=10**13,
+                               description="match candidates' widths to this parameter count")
     state_size: int | None = Field(
-        None, ge=1, exclude_if=lambda v: v is None,
+        None, ge=1, le=10**13, exclude_if=lambda v: v is None,
         description="match candidates' widths to this decoding-state size (elements per sequence "
                     "at the training length, summed over layers), as Zoology and MAD do")
+    time_per_run_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap of every run")
+    time_total_s: float | None = Field(None, gt=0, le=MAX_SECONDS,
+                                       description="a worker starts no run after this")
 
     @model_validator(mode="after")
     def _one_target(self) -> Budget:
         if self.params is not None and self.state_size is not None:
             raise ValueError("budget.params and budget.state_size both set a width: keep one")
         return self
-    time_per_run_s: float | None = Field(None, gt=0, description="wall-clock cap of every run")
-    time_total_s: float | None = Field(None, gt=0, description="a worker starts no run after this")
 
 
 class SamplerConfig(Strict):
     name: Literal["tpe", "random", "nsgaii"] = "tpe"
-    seed: int | None = 0
+    seed: StudySeed | None = 0
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the sampler")
+
+    @model_validator(mode="after")
+    def _options(self) -> SamplerConfig:
+        """The options must make a sampler (checked here, not in the first trial)."""
+        if self.options:
+            import optuna
+
+            classes = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+                       "nsgaii": optuna.samplers.NSGAIISampler}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    classes[self.name](**self.options)
+            except Exception as exc:  # TypeError, ValueError, ... from the sampler's checks
+                raise ValueError(f"options are not accepted by the {self.name} sampler: "
+                                 f"{type(exc).__name__}: {exc}") from None
+        return self
 
 
 class PrunerConfig(Strict):
     name: Literal["none", "median", "hyperband"] = "median"
-    startup_trials: int = Field(2, ge=0, description="median: trials completed before pruning starts")
-    warmup_steps: int = Field(0, ge=0, description="median: no pruning before this step")
-    reduction_factor: int = Field(3, ge=2, description="hyperband")
+    startup_trials: int = Field(2, ge=0, le=100_000,
+                                description="median: trials completed before pruning starts")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="median: no pruning before this step")
+    reduction_factor: int = Field(3, ge=2, le=100, description="hyperband")
 
 
 class ConfirmConfig(Strict):
-    seeds: int = Field(3, ge=1, description="fresh seeds per candidate's best configuration")
+    seeds: int = Field(3, ge=1, le=1000, description="fresh seeds per candidate's best configuration")
     baseline: str | None = Field(None, description="candidate the others are tested against")
     confidence: float = Field(0.95, gt=0, lt=1, description="intervals; the tests' level is 1 - confidence")
     # Both default to what studies did before they existed and are left out of the
@@ -136,21 +167,29 @@ class ConfirmConfig(Strict):
 
 
 class ResumeConfig(Strict):
-    heartbeat_s: int = Field(30, ge=1, description="a running trial records a heartbeat this often")
-    grace_s: int = Field(120, ge=1, description="a trial without heartbeat for this long is retried")
-    max_retry: int = Field(2, ge=0, description="retries of an interrupted trial")
-    poll_s: float = Field(2.0, gt=0, description="how often an idle worker checks for work")
+    heartbeat_s: int = Field(30, ge=1, le=3600, description="a running trial records a heartbeat this often")
+    grace_s: int = Field(120, ge=1, le=7 * 86400,
+                         description="a trial without heartbeat for this long is retried")
+    max_retry: int = Field(2, ge=0, le=100, description="retries of an interrupted trial")
+    poll_s: float = Field(2.0, gt=0, le=3600, description="how often an idle worker checks for work")
+
+    @model_validator(mode="after")
+    def _grace(self) -> ResumeConfig:
+        if self.grace_s <= self.heartbeat_s:
+            raise ValueError(f"grace_s ({self.grace_s}) must be longer than heartbeat_s "
+                             f"({self.heartbeat_s}), or every running trial looks dead")
+        return self
 
 
 class StudyTracking(Strict):
-    experiment: str | None = None  # default: the study name
+    experiment: SafeName | None = None  # default: the study name
 
 
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
     profile: str | None = Field(None, exclude_if=lambda v: v is None,
                                 description="the profile of the study file it was loaded with")
-    name: str | None = Field(None, pattern=NAME_PATTERN)
+    name: Name | None = None
     description: str = ""
     task: ComponentConfig
     candidates: list[Candidate] = Field(min_length=1)
@@ -167,8 +206,8 @@ class StudyConfig(Strict):
     confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
     resume: ResumeConfig = Field(default_factory=ResumeConfig)
     tracking: StudyTracking = Field(default_factory=StudyTracking)
-    seed: int = Field(0, description="training seed of every tuning trial")
-    data_seed: int = Field(0, description="task data (the same for every run)")
+    seed: StudySeed = Field(0, description="training seed of every tuning trial")
+    data_seed: Seed = Field(0, description="task data (the same for every run)")
     plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
 
     @model_validator(mode="after")
@@ -227,20 +266,14 @@ class StudyConfig(Strict):
 
 
 # -- loading -----------------------------------------------------------------------------
-def format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"invalid study in {source}: a mapping is needed, not {type(data).__name__}.")
     try:
         return StudyConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(
-            exc, source, what="study", fields="studies/quickstart.yaml", loc=format_loc,
-            strip_value_error=True)) from None
+        text = format_validation_error(exc, source, StudyConfig, "studies/quickstart.yaml")
+        raise ConfigError(text.replace("invalid config in", "invalid study in", 1)) from None
 
 
 def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
@@ -252,12 +285,20 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
     data, chosen = profiles.apply(data, profile, str(path))
-    base = Path(path).resolve().parent
-    data["plugins"] = [str((base / p).resolve()) for p in data.get("plugins") or []]
+    plugins = data.get("plugins") or []
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+        base = Path(path).resolve().parent
+        data["plugins"] = [str((base / p).resolve()) for p in plugins]
     if name is not None:
         data["name"] = name
     else:
+        import re
+
         stem = data.get("name") or Path(path).stem
+        if "name" not in data and not re.match(NAME_PATTERN, stem):
+            raise ConfigError(f"{path}: the study is named after its file, and '{stem}' is not a "
+                              f"valid name (letters, digits, '_', '.', '-'); add name: to the file "
+                              f"or pass --study-name.")
         data["name"] = f"{stem}-{chosen}" if chosen else stem
     data["profile"] = chosen
     return parse_study_config(data, str(path))

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.config import TrainConfig
+from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry import Registry
@@ -30,7 +30,7 @@ from harness.study.candidates import (
     parse_range,
     range_values,
 )
-from harness.study.schema import StudyConfig, format_loc
+from harness.study.schema import StudyConfig
 
 #: Training settings a study may search, with their type.
 TRAIN_SEARCHABLE: dict[str, type] = {
@@ -83,8 +83,7 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
     try:
         TrainConfig.model_validate(config.train)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"train.{format_loc(tuple(err['loc']))}: {err['msg']}.") from None
+        raise ConfigError(format_validation_error(exc, "the study", TrainConfig, prefix="train.")) from None
     _check_devices(config.train)
     ranges = {}
     for key, raw in config.search.items():
@@ -98,7 +97,8 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
             try:
                 TrainConfig.model_validate({key: value})
             except ValidationError as exc:
-                raise ConfigError(f"search.{key}: {value!r} is invalid: {exc.errors()[0]['msg']}.") from None
+                detail = format_validation_error(exc, "the study", TrainConfig).split(f"{key}: ", 1)[-1]
+                raise ConfigError(f"search.{key}: {value!r} is invalid: {detail}") from None
         ranges[key] = rng
     return ranges
 

@@ -23,7 +23,8 @@ from typing import Any
 from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag
-from harness.study.schema import StudyConfig, parse_study_config
+from harness.masking import mask_url
+from harness.study.schema import NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
 Log = Callable[[str], None]
@@ -39,14 +40,8 @@ def default_storage_url() -> str:
     return f"sqlite:///{path / 'optuna.db'}"
 
 
-def redact(url: str) -> str:
-    """A storage URL without its password (for messages and tags)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return str(make_url(url).render_as_string(hide_password=True))
-    except Exception:
-        return url.split("@")[-1] if "@" in url else url
+#: A storage URL without its password (for messages and tags): :func:`harness.masking.mask_url`.
+redact = mask_url
 
 
 @contextlib.contextmanager
@@ -57,6 +52,35 @@ def quiet_experimental() -> Iterator[None]:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", ".*Heartbeat of storage.*")
         yield
+
+
+#: The PostgreSQL advisory lock that serialises creating Optuna's schema (any 64-bit key
+#: no other program uses: "harness!" in ASCII).
+SCHEMA_LOCK = int.from_bytes(b"harness!", "big") & (2**63 - 1)
+
+
+@contextlib.contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """Hold a database-wide lock while Optuna creates or checks its schema, so that workers
+    started together on an empty PostgreSQL database do not race ``CREATE TABLE`` (one would
+    die with a ``UniqueViolation``). SQLite serialises writers itself; other back-ends are
+    not locked."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK})
+    finally:
+        engine.dispose()
 
 
 def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
@@ -73,7 +97,7 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
         )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
-        with quiet_experimental():
+        with quiet_experimental(), schema_lock(url):
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
@@ -131,8 +155,9 @@ def study_names(storage: Any) -> list[str]:
 def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None) -> StudyHandle:
     """An existing study by name, or a HarnessError listing the studies in the storage."""
     import difflib
+    import re
 
-    record = _read_record(storage, name)
+    record = _read_record(storage, name) if re.match(NAME_PATTERN, name) else None
     if not record:
         names = study_names(storage)
         close = difflib.get_close_matches(name, names, n=1)
@@ -156,8 +181,8 @@ def _check_parent(handle: StudyHandle) -> None:
     except Exception as exc:  # MlflowException (not found) or a connection error
         raise HarnessError(
             f"the MLflow parent run {handle.parent_run_id} of study '{handle.name}' is not in "
-            f"the tracking store {handle.tracker.uri} ({type(exc).__name__}). Pass the "
-            f"--tracking-uri the study was created with ({handle.record.get('tracking_uri')})."
+            f"the tracking store {redact(handle.tracker.uri)} ({type(exc).__name__}). Pass the "
+            f"--tracking-uri the study was created with ({redact(str(handle.record.get('tracking_uri')))})."
         ) from None
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, RunFailed
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
 from harness.study.progress import (
@@ -175,7 +175,8 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
                 retry(study, handle.storage.get_trial(trial_id))
             raise
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            # A RunFailed already names the plugin, the stage and the frame.
+            reason = str(exc) if isinstance(exc, RunFailed) else f"{type(exc).__name__}: {exc}"
             _fail(handle, study, trial, key, tags, reason)
             log(f"{label} FAILED: {reason}")
             return "FAIL"

@@ -1,0 +1,119 @@
+"""Refuse, before anything is allocated, a run that cannot fit in the device's memory.
+
+The check builds the model on PyTorch's ``meta`` device (shapes only, no storage: instant
+even for ``d_model=1e12``) and compares a **lower bound** of what training needs with the
+memory available now:
+
+    parameters x 4 bytes x (1 weights + 1 gradients + optimiser state: 2 for Adam(W),
+    1 for SGD with momentum)  +  2 x the logits of one batch (batch x length x vocabulary x
+    4 bytes, and their gradient)
+
+A lower bound, not a guess: a run refused here could never have trained, and a run that
+might fit is never refused (refusing on an over-estimate would handicap the larger
+architectures of a comparison). What the bound leaves out (other activations, the
+allocator's slack) can still run out during training; that fails cleanly
+(:mod:`harness.run.failure`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.data import TaskInfo
+from harness.errors import HarnessError, OutOfMemory
+from harness.run.failure import configuration, is_out_of_memory
+from harness.run.plan import Plan
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Estimate:
+    parameters: int
+    state_bytes: int  # weights, gradients, optimiser state
+    logits_bytes: int  # logits of one batch and their gradient
+
+    @property
+    def total(self) -> int:
+        return self.state_bytes + self.logits_bytes
+
+
+def available_bytes(device: Any) -> int | None:
+    """Memory a run can still allocate on ``device``; None where unknown."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    available = None
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError), open(limit_file) as f:
+            limit = int(f.read().strip())  # "max" (no limit) raises ValueError
+            usage_file = limit_file.replace("memory.max", "memory.current").replace(
+                "limit_in_bytes", "usage_in_bytes")
+            with open(usage_file) as g:
+                room = limit - int(g.read().strip())
+            available = room if available is None else min(available, room)
+    return available
+
+
+def _optimizer_factor(p: Plan) -> int:
+    t = p.config.train
+    if t.optimizer in ("adam", "adamw"):
+        return 2
+    return 1 if t.momentum else 0
+
+
+def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], Any]) -> Estimate | None:
+    """The lower bound of a run's training memory; None if the model cannot be built on the
+    meta device (then it is built for real, and a failed allocation is still reported)."""
+    import torch
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = build_model(p, info)
+    except (MemoryError, OverflowError) as exc:  # the plugin allocated host memory itself
+        raise OutOfMemory(f"the model cannot be built with {configuration(p)}: {type(exc).__name__} "
+                          f"({exc}). Nothing was trained or recorded. Lower the model's size.") from None
+    except HarnessError:
+        return None  # a config error: the real build reports it
+    except Exception as exc:  # a plugin that needs real tensors to build (not meta-safe)
+        if is_out_of_memory(exc) or "overflow" in str(exc).lower():  # ... and asked for too much
+            raise OutOfMemory(f"the model cannot be built with {configuration(p)}: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0][:300]}. Nothing was trained or "
+                              f"recorded. Lower the model's size.") from None
+        return None
+    params = sum(t.numel() for t in model.parameters() if t.requires_grad)
+    buffers = sum(t.numel() for t in model.buffers())
+    state = 4 * (params * (2 + _optimizer_factor(p)) + buffers)
+    width = info.num_classes if info.num_classes else info.vocab_size
+    length = 1 if info.format in ("classification", "seq2seq") else info.max_length
+    logits = 2 * 4 * p.config.train.batch_size * length * width
+    return Estimate(params, state, logits)
+
+
+def check_memory(p: Plan, info: TaskInfo, device: Any,
+                 build_model: Callable[[Plan, TaskInfo], Any]) -> Estimate | None:
+    """Raise :class:`OutOfMemory` if the run needs more than ``device`` has available."""
+    est = estimate(p, info, build_model)
+    room = available_bytes(device)
+    if est is None or room is None or est.total <= room:
+        return est
+    where = "GPU" if getattr(device, "type", "cpu") == "cuda" else "RAM"
+    raise OutOfMemory(
+        f"the run needs at least {est.total / GiB:,.1f} GiB but {room / GiB:,.1f} GiB of {where} "
+        f"is available: {est.parameters:,} parameters need {est.state_bytes / GiB:,.1f} GiB "
+        f"(weights, gradients, {p.config.train.optimizer} state) and one batch's logits "
+        f"{est.logits_bytes / GiB:,.1f} GiB (train.batch_size={p.config.train.batch_size}, "
+        f"length {info.max_length}, {info.num_classes or info.vocab_size} classes). Nothing "
+        f"was trained or recorded. Lower the model's size or train.batch_size."
+    )

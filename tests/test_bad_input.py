@@ -1,0 +1,207 @@
+"""Bad input ends in exit 2 with one paragraph naming the field, never a traceback nor a silent
+acceptance: the probe's list (issue 15) as a table, then a property test (hypothesis) that
+generates malformed values for every numeric field of the run config and study schemas, and
+malformed ``--set`` overrides. ``HYPOTHESIS_PROFILE=fuzz`` (``nox -s fuzz``) runs thousands."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from harness.cli import main
+from harness.config import RunConfig, load_run_config
+from harness.errors import ConfigError
+from harness.study.schema import StudyConfig, parse_study_config
+
+settings.register_profile("default", max_examples=300, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", max_examples=5000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+BASE = ["train", "--task", "copy", "--model", "transformer", "--max-steps", "1", "--no-progress"]
+
+#: (override, what the message must name): the probe's tracebacks and silent acceptances.
+PROBE = [
+    ("model.params.d_model=0", "d_model"),
+    ("model.params.heads=0", "heads"),
+    ("task.params.vocab=0", "vocab"),
+    ("task.params.num_train=0", "num_train"),
+    ("model.params.layers=-1", "layers"),
+    ("model.params.ffn_mult=0", "ffn_mult"),
+    ("train.lr=inf", "train.lr"),
+    ("train.weight_decay=inf", "train.weight_decay"),
+    ("model.position.name=rope", None),  # paired with base=inf below
+    ("task.params.eval_lengths=[-1]", "eval_lengths"),
+    ("task.params.eval_lengths=[2]", "eval_lengths"),  # shorter than the training length
+    ("train.max_steps=1e30", "train.max_steps"),
+    ("train.batch_size=true", "train.batch_size"),
+    ("train.batch_size=1e9", "train.batch_size"),
+    ("train.seed=-1", "train.seed"),
+    ("train.lr=[1", "train.lr"),  # malformed YAML in --set
+    ("train.lr={a: ", "train.lr"),
+    ("train.lr=nan", "train.lr"),
+    ("tracking.experiment=../../x", "tracking.experiment"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), [p for p in PROBE if p[1]])
+def test_each_probe_input_exits_2_naming_the_field(override, field, capsys):
+    assert main([*BASE, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and field in err and err.count("harness: error:") == 1
+
+
+def test_a_model_too_large_to_build_is_refused_naming_its_size(capsys):
+    assert main([*BASE, "--set", "model.params.d_model=1e12"]) == 1  # a memory refusal, not a config error
+    err = " ".join(capsys.readouterr().err.split())
+    assert "d_model=1000000000000" in err and "Nothing was trained" in err and "Traceback" not in err
+
+
+def test_an_infinite_rope_base_is_refused(capsys):
+    assert main([*BASE, "--set", "model.position.name=rope", "--set", "model.position.params.base=inf"]) == 2
+    err = capsys.readouterr().err
+    assert "base" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [b"task: {name: copy}\ntask: {name: copy}\n",
+                                     b"task: {name: c\xffopy}\n",
+                                     b"train: {lr: 1e-3, lr: 2e-3}\ntask: {name: copy}\n"])
+def test_duplicate_keys_and_non_utf8_files_exit_2(tmp_path, content, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(content)
+    assert main(["train", str(path), "--max-steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(path) in err
+    err = err.replace(str(path), "")  # the test's folder is named after it
+    assert ("twice" in err) != (b"\xff" in content) and ("UTF-8" in err) == (b"\xff" in content)
+
+
+def test_a_non_utf8_study_file_exits_2(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(b"name: s\ndescription: \xff\xfe\n")
+    assert main(["study", "create", str(path), "--storage", f"sqlite:///{tmp_path / 'o.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert "UTF-8" in err and "Traceback" not in err
+
+
+# -- property tests ------------------------------------------------------------------------------
+
+def _numeric_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, field info) of every int/float field reachable through nested models."""
+    import typing
+
+    out = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
+        for arg in args:
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                out += _numeric_fields(arg, f"{prefix}{name}.")
+            elif arg in (int, float):
+                out.append((f"{prefix}{name}", info))
+    return out
+
+
+RUN_FIELDS = _numeric_fields(RunConfig)
+STUDY_FIELDS = [f for f in _numeric_fields(StudyConfig) if not f[0].startswith("search")]
+BAD = st.one_of(
+    st.sampled_from([math.inf, -math.inf, math.nan, True, False, "3", [], {}, None, 10**40, -10**40,
+                     -1, 0, 1e300, -1e-300]),
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.text(max_size=5),
+)
+
+
+def _bounds_hold(info: Any, value: Any) -> bool:
+    """Whether ``value`` satisfies the field's declared type and range (the oracle)."""
+    import typing
+
+    ann = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
+    if value is None:
+        return type(None) in typing.get_args(info.annotation)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and (int in ann and float not in ann or not math.isfinite(value)):
+        return False
+    for m in info.metadata:
+        for op, cmp in (("ge", lambda a, b: a >= b), ("gt", lambda a, b: a > b),
+                        ("le", lambda a, b: a <= b), ("lt", lambda a, b: a < b)):
+            bound = getattr(m, op, None)
+            if bound is not None and not cmp(value, bound):
+                return False
+    return True
+
+
+@given(field=st.sampled_from(RUN_FIELDS), value=BAD)
+def test_run_config_numbers_are_refused_naming_the_field_or_accepted_in_range(field, value):
+    path, info = field
+    data: dict[str, Any] = {"task": {"name": "copy"}, "model": {"name": "transformer"}}
+    node = data
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    try:
+        load_run_config(overrides=[f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                                   for k, v in _flat(data).items()])
+    except ConfigError as exc:
+        assert path in str(exc) and "\n" not in str(exc).strip()
+        return
+    assert _bounds_hold(info, value), f"{path}={value!r} was accepted"
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+STUDY = {"task": {"name": "copy"}, "objective": {"metric": "acc"},
+         "candidates": [{"name": "a", "model": {"name": "transformer"}}],
+         "budget": {"trials": 1, "steps": 10}}
+
+
+@given(field=st.sampled_from(STUDY_FIELDS), value=BAD)
+def test_study_numbers_are_refused_naming_the_field_or_accepted_in_range(field, value):
+    import copy
+
+    path, info = field
+    data = copy.deepcopy(STUDY)
+    node: dict[str, Any] = data
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    try:
+        parse_study_config(data, "s.yaml")
+    except ConfigError as exc:
+        assert path.split(".")[-1] in str(exc)
+        return
+    assert _bounds_hold(info, value), f"{path}={value!r} was accepted"
+
+
+@given(key=st.text(min_size=0, max_size=12), raw=st.text(max_size=12))
+def test_any_set_override_is_a_clean_error_or_applied(key, raw):
+    try:
+        load_run_config(overrides=["task.name=copy", "model.name=transformer", f"{key}={raw}"])
+    except ConfigError as exc:
+        assert str(exc).strip()
+
+
+def test_the_property_tests_cover_the_fields_of_the_issue():
+    names = {p for p, _ in RUN_FIELDS}
+    assert {"train.lr", "train.weight_decay", "train.max_steps", "train.batch_size", "train.seed",
+            "train.warmup_steps", "train.val_every"} <= names
+    assert {"budget.trials", "budget.steps", "confirm.seeds"} <= {p for p, _ in STUDY_FIELDS}
+
