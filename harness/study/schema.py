@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.config import ComponentConfig, read_yaml
+from harness.config import ComponentConfig, apply_overrides, read_yaml
 from harness.errors import ConfigError
 from harness.keys import Metric
 
@@ -204,9 +204,11 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
         raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
 
 
-def load_study_config(path: str | Path, name: str | None = None) -> StudyConfig:
-    """Read a study YAML; the study's name defaults to the file's stem."""
-    data = read_yaml(path)
+def load_study_config(path: str | Path, name: str | None = None,
+                      overrides: list[str] | None = None) -> StudyConfig:
+    """Read a study YAML (with ``key=value`` overrides, as ``--set`` gives them); the study's
+    name defaults to the file's stem."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
     base = Path(path).resolve().parent
