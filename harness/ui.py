@@ -46,8 +46,10 @@ GRACE_S = 10.0
 
 
 # -- links ----------------------------------------------------------------------------------------
-def experiment_link(base: str, experiment_id: str) -> str:
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+def experiment_link(base: str, experiment_id: str, view: str | None = None) -> str:
+    """The runs table (``view``: a shared view state stored on the experiment)."""
+    shared = f"&viewStateShareKey={urllib.parse.quote(view)}" if view else ""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning{shared}"
 
 
 def run_link(base: str, experiment_id: str, run_id: str) -> str:
@@ -89,7 +91,12 @@ def links(base: str, study: StudyRef | None) -> list[tuple[str, str]]:
                 f"pass --tracking-uri {study.tracking_uri}."
             ) from None
         exp = str(run["info"]["experiment_id"])
-        return [(f"study {study.name}: its runs", experiment_link(base, exp)),
+        from harness.study.summary import VIEW_TAG, view_key
+
+        tags = rest(base, "experiments/get", experiment_id=exp)["experiment"].get("tags", [])
+        view = view_key(study.name) if any(t["key"] == VIEW_TAG + view_key(study.name)
+                                           for t in tags) else None
+        return [(f"study {study.name}: runs by candidate", experiment_link(base, exp, view)),
                 (f"study {study.name}: summary (parent run)", run_link(base, exp, study.parent_run_id))]
     found = rest(base, "experiments/search", max_results=50).get("experiments", [])
     found.sort(key=lambda e: -int(e.get("last_update_time", 0)))

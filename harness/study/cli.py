@@ -51,7 +51,11 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     _say(f"study '{cfg.name}': opening the Optuna storage {redact(url)} and the MLflow store ...")
     r = cfg.resume
     storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
-    return create_or_resume(space, storage, url, args.tracking_uri), space
+    handle = create_or_resume(space, storage, url, args.tracking_uri)
+    from harness.study.summary import publish_view
+
+    publish_view(handle)  # the link `harness ui --study` prints opens this view
+    return handle, space
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.keys import curve_key, val_key
+from harness.keys import Tag, curve_key, val_key
 from harness.study.schema import StudyConfig
 from harness.study.storage import StudyHandle
 
@@ -40,6 +40,40 @@ def protocol_params(config: StudyConfig) -> dict[str, Any]:
     return proto
 
 
+# -- the runs table's view --------------------------------------------------------------------
+VIEW_TAG = "mlflow.sharedViewState."  # + key: a view of the runs table the UI opens by link
+
+
+def view_key(study: str) -> str:
+    return f"harness-{study}"
+
+
+def study_view(handle: StudyHandle) -> dict[str, Any]:
+    """The runs table grouped by candidate, with the objective at every evaluation length,
+    the phase, the seed and the shared searched parameters as columns (MLflow's shared view
+    state; the link is ``...runs?viewStateShareKey=harness-<study>``)."""
+    cfg = handle.config
+    lengths = [int(n) for n in handle.record["eval_lengths"]]
+    columns = [f"metrics.`{val_key(cfg.objective.metric, n)}`" for n in lengths]
+    columns += [f"tags.`{Tag.PHASE}`", f"tags.`{Tag.SEED}`"]
+    columns += [f"params.`train.{name}`" for name in cfg.search]
+    return {"groupBy": {"aggregateFunction": "average",
+                        "groupByKeys": [{"mode": "tag", "groupByData": Tag.CANDIDATE}]},
+            "selectedColumns": columns}
+
+
+def publish_view(handle: StudyHandle) -> None:
+    """Store the study's view on its experiment (idempotent)."""
+    import json
+
+    experiment = handle.experiment_id()
+    value = json.dumps(study_view(handle))
+    tags = handle.tracker.client.get_experiment(experiment).tags
+    if tags.get(VIEW_TAG + view_key(handle.name)) != value:
+        handle.tracker.client.set_experiment_tag(experiment, VIEW_TAG + view_key(handle.name), value)
+
+
+# -- the parent run's numbers --------------------------------------------------------------------
 @dataclass
 class CandidateNumbers:
     """What the parent run shows of one candidate."""
