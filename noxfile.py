@@ -1,11 +1,17 @@
 """nox sessions: tests, lint, typecheck, smoke (and gpu where a GPU exists).
 
-Every session installs ``torch==2.13.0`` first (a CPU build where the index provides one),
-so the project's torch range never pulls a multi-GB CUDA build by accident; pass
-``-- --torch <spec>`` to the gpu session to choose another build.
+Every session that installs the project installs ``torch==2.13.0`` first (from
+``$TORCH_INDEX_URL`` when set, e.g. PyTorch's CPU index in CI), so the project's torch range
+never pulls a multi-GB CUDA build by accident.
+
+In an environment that already has the project (``pip install -e '.[dev]'``), run the
+sessions there without creating virtualenvs: ``nox --no-venv --no-install -s lint typecheck``
+(what ``.ci/run`` and the GitHub workflow do).
 """
 
 from __future__ import annotations
+
+import os
 
 import nox
 
@@ -16,8 +22,12 @@ TORCH = "torch==2.13.0"
 ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+LINTED = ("harness", "plugins", "tests", "docs/examples", "noxfile.py")
+
+
 def install(session: nox.Session, extras: str = "dev") -> None:
-    session.install(TORCH)
+    index = os.environ.get("TORCH_INDEX_URL")
+    session.install(TORCH, *(["--index-url", index] if index else []))
     session.install("-e", f".[{extras}]")
 
 
@@ -31,7 +41,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "harness", "plugins", "tests", "noxfile.py")
+    session.run("ruff", "check", *LINTED)
 
 
 @nox.session
@@ -48,6 +58,9 @@ def smoke(session: nox.Session) -> None:
     session.run("harness", "list", env=ENV)
     session.run("harness", "train", "studies/copy_quickstart.yaml", "--no-progress",
                 env={**ENV, "HARNESS_HOME": f"{tmp}/.harness"})
+    # a plugin author's first minutes: a skeleton, checked by the conformance kit
+    session.run("harness", "new-plugin", "attention", "smoke_probe", "--out", tmp, env=ENV)
+    session.run("harness", "check", "--plugin", f"{tmp}/smoke_probe.py", env=ENV)
 
 
 @nox.session

@@ -10,6 +10,8 @@ only when a function needs them)::
                                  vocab_size=32, max_length=128, d_model=64)
     task = harness.create_task("copy", length=16)
     result = harness.train("run.yaml")      # or a dict / harness.config.RunConfig
+    runs = harness.study_runs("quickstart")        # pandas DataFrame, one row per run
+    summary = harness.study_summary("quickstart")  # the report's numbers
 
 Plugin authors import everything they need from :mod:`harness.plugin`.
 """
@@ -111,6 +113,24 @@ def train(config: Any, **kwargs: Any) -> RunResult:
     return _train(config, **kwargs)
 
 
+def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None) -> Any:
+    """A study's runs as a pandas DataFrame, one row per run (candidate, phase, trial, seed,
+    status, objective, costs, ``params.*``, ``metrics.*``); see
+    :func:`harness.report.notebook.study_runs`. ``storage``: the study's Optuna storage URL
+    (default: the one in ``$HARNESS_HOME``)."""
+    from harness.report.notebook import study_runs as _runs
+
+    return _runs(study, storage, tracking_uri)
+
+
+def study_summary(study: str, storage: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+    """The numbers of a study's report (ranks, best group, intervals, comparisons, front) as a
+    dict; see :func:`harness.report.notebook.study_summary`."""
+    from harness.report.notebook import study_summary as _summary
+
+    return _summary(study, storage, tracking_uri)
+
+
 __all__ = [
     "AttentionSpec",
     "ModelSpec",
@@ -121,5 +141,7 @@ __all__ = [
     "hookimpl",
     "list_plugins",
     "load_plugins",
+    "study_runs",
+    "study_summary",
     "train",
 ]

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge
+
 from harness.errors import IncompatibleError
 from harness.params import IntRange
 
@@ -68,14 +70,20 @@ class Vocab:
 class TaskConfig:
     """Fields every task config has; a task's config subclasses this one."""
 
-    length: Annotated[int, IntRange(4, 4096, log=True)] = 16
-    eval_lengths: tuple[int, ...] = ()
-    num_train: int = 10_000
-    num_val: int = 500
+    length: Annotated[int, Ge(1), IntRange(4, 4096, log=True)] = 16  # training length
+    eval_lengths: tuple[Annotated[int, Ge(1)], ...] = ()  # evaluated too, each >= length
+    num_train: Annotated[int, Ge(1)] = 10_000  # training examples
+    num_val: Annotated[int, Ge(1)] = 500  # validation (and test) examples per length
 
     def __post_init__(self) -> None:
-        if self.length < 1:
-            raise ValueError("length must be positive")
+        shorter = sorted({n for n in self.eval_lengths if n < self.length})
+        if shorter:
+            raise ValueError(
+                f"eval_lengths {shorter} are shorter than the training length ({self.length}): "
+                f"evaluation lengths measure how a model extrapolates past the length it was "
+                f"trained at, which is always evaluated. Drop them from eval_lengths, or lower "
+                f"length."
+            )
 
 
 class Task:

@@ -74,6 +74,7 @@ class Metric:
     TRAIN_ACC = "train/acc"
     TRAIN_STEPS = "train/steps"
     PARAMS = "cost/params"
+    STATE_SIZE = "cost/state_size"  # decoding-state elements per sequence at the training length
     TOKENS_PER_S = "cost/train_tokens_per_s"
     PEAK_GPU_MB = "cost/peak_gpu_mem_mb"
     PEAK_RSS_MB = "cost/peak_rss_mb"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -120,6 +121,8 @@ def _number_type(tp: Any) -> type | None:
         return None
     if tp in (int, float):
         return typing.cast(type, tp)
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None  # tuple[int, ...] is not a number
     for arg in typing.get_args(tp):
         if arg in (int, float):
             return typing.cast(type, arg)
@@ -197,7 +200,8 @@ def check_defaults(config: type, owner: str) -> None:
     for p in params:  # every value a study may sample must lie within the bounds
         if p.range is None or not p.bounds:
             continue
-        check: Any = TypeAdapter(typing.Annotated[(p.type, *p.bounds)])  # type: ignore[arg-type]
+        annotated: Any = typing.Annotated[(p.type, *p.bounds)]  # type: ignore[valid-type]
+        check: Any = TypeAdapter(annotated)
         ends = list(p.range.options) if isinstance(p.range, Choice) else [p.range.low, p.range.high]
         for value in ends:
             try:
@@ -263,9 +267,19 @@ def unknown_params_error(unknown: list[str], known: list[str], where: str) -> Co
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
+    """A config instance as plain data (tuples as lists), as YAML and JSON write it: what a
+    run records can be read back by any safe loader and run again."""
     if dataclasses.is_dataclass(instance) and not isinstance(instance, type):
-        return dataclasses.asdict(instance)
+        return dict(_plain(dataclasses.asdict(instance)))
     return {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def suggest(

@@ -32,41 +32,88 @@ def extrapolation_curve(
     train_length: int | None,
     path: str | Path,
     title: str = "",
+    bands: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+    colors: Mapping[str, str] | None = None,
+    band_label: str = "",
 ) -> Path:
-    """One line per label: metric at each evaluation length (log-2 x axis)."""
+    """One line per label: metric at each evaluation length, on a log-2 length axis with every
+    evaluated length as a tick and the training length marked; ``bands`` (low, high) per
+    length are shaded around the line (``band_label`` names them in the legend)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    lengths: set[int] = set()
     for label, points in curves.items():
         xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+        lengths.update(xs)
+        color = (colors or {}).get(label)
+        (line,) = ax.plot(xs, [points[x] for x in xs], marker="o", label=label, color=color)
+        band = {x: b for x, b in ((bands or {}).get(label) or {}).items() if x in points}
+        if band:
+            bx = sorted(band)
+            ax.fill_between(bx, [band[x][0] for x in bx], [band[x][1] for x in bx],
+                            color=line.get_color(), alpha=0.18, linewidth=0)
     if train_length:
-        ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label="train length")
+        ax.axvline(train_length, color="grey", linestyle="--", linewidth=1,
+                   label=f"training length ({train_length})")
+        lengths.add(train_length)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation length")
+    ticks = sorted(lengths)
+    ax.set_xticks(ticks, [str(n) for n in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("evaluation length (log scale)")
     ax.set_ylabel(metric)
-    ax.set_title(title or f"{metric} vs length")
+    ax.set_title(title or f"{metric} vs length", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if band_label and bands:
+        from matplotlib.patches import Patch
+
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Patch(color="grey", alpha=0.18))
+        labels.append(band_label)
+        ax.legend(handles, labels, fontsize=8)
+    else:
+        ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
-def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_heads: int = 4) -> Path:
-    """A grid of attention maps (layers x heads) for one example; ``maps[l]`` is (H, Lq, Lk)."""
+def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_heads: int = 4,
+                   tokens: Sequence[str] | None = None,
+                   query_tokens: Sequence[str] | None = None, text: str = "") -> Path:
+    """A grid of attention maps (layers x heads) for one example; ``maps[l]`` is (H, Lq, Lk).
+
+    Each panel is titled with its layer and head; ``tokens`` label the key axis (and the query
+    axis unless ``query_tokens`` differ, as in cross-attention) wherever their number matches
+    the map; ``text`` (the example) is shown under the title."""
     plt = pyplot()
     layers = len(maps)
     heads = min(max_heads, max(m.shape[0] for m in maps))
-    fig, axes = plt.subplots(layers, heads, figsize=(2.4 * heads, 2.4 * layers), squeeze=False)
+    size = 2.4 if tokens is None else max(2.4, 0.16 * len(tokens) + 1.0)
+    fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers + 0.6),
+                             squeeze=False)
+    queries = query_tokens if query_tokens is not None else tokens
     for i, layer in enumerate(maps):
         for h in range(heads):
             ax = axes[i][h]
-            if h < layer.shape[0]:
-                ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-            if i == 0:
-                ax.set_title(f"head {h}", fontsize=8)
+            if h >= layer.shape[0]:
+                ax.axis("off")
+                continue
+            ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
+            lq, lk = layer[h].shape
+            if tokens is not None and len(tokens) == lk:
+                ax.set_xticks(range(lk), list(tokens), rotation=90, fontsize=6)
+            if queries is not None and len(queries) == lq:
+                ax.set_yticks(range(lq), list(queries), fontsize=6)
+            ax.set_title(f"layer {i} · head {h}", fontsize=8)
+            ax.set_xlabel("key", fontsize=7)
             if h == 0:
-                ax.set_ylabel(f"layer {i}", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=9)
+                ax.set_ylabel("query", fontsize=7)
+    heading = "\n".join(x for x in (title, _shorten(text)) if x)
+    if heading:
+        fig.suptitle(heading, fontsize=9)
     return save_figure(fig, path, dpi=100)
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

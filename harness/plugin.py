@@ -69,7 +69,10 @@ from harness.data import (
     as_lm,
     lm_windows,
 )
+from harness.decoding import edit_distance, greedy
+from harness.errors import ConfigError, PluginError
 from harness.hookspecs import hookimpl
+from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
     AttentionCache,
@@ -77,7 +80,10 @@ from harness.nn.attention import (
     FusedDotProductAttention,
     allowed_mask,
     masked_softmax,
+    scaled,
+    sdpa_mask,
 )
+from harness.nn.banded import band, block_bias, gather_blocks, keep_last, run_blocks
 from harness.nn.blocks import (
     FeedForward,
     ScaledEmbedding,
@@ -88,23 +94,34 @@ from harness.nn.blocks import (
 )
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
+from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
+from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv, compute_dtype
 from harness.params import Choice, FloatRange, IntRange, NoParams
 from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
 
 __all__ = [
+    # shared numerics of the built-in mixers (modules): banded attention blocks, chunked linear
+    # recurrences, selective scans, diagonal state-space models
+    "banded", "linear_recurrence", "selective", "ssm",
+    "DiagonalSSM", "DiagonalSSMConfig", "causal_fft_conv", "compute_dtype",
+    "band", "block_bias", "gather_blocks", "keep_last", "run_blocks",
     # registration
     "hookimpl", "AttentionSpec", "MixerSpec", "PositionSpec", "ModelSpec", "TaskSpec",
     # hyper-parameters: bounds (hard limits) and search ranges
     "Ge", "Gt", "Le", "Lt", "Interval", "IntRange", "FloatRange", "Choice", "NoParams",
+    # errors a plugin raises (a ValueError from a constructor also becomes a clean config error)
+    "ConfigError", "PluginError",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
-    "allowed_mask", "masked_softmax",
+    "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
     # mixers
     "Mixer", "LayerCache", "Complexity",
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
-    # models
+    # models: backbone layers, recurrent layers and models
     "TaskInfo", "ScaledEmbedding", "FeedForward", "SwiGLU", "TransformerBlock", "make_norm", "make_mlp",
-    # tasks
+    "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
+    # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
+    "greedy", "edit_distance",
 ]

@@ -54,6 +54,26 @@ class TurningBiased(Turning):
         return -(slope * (q_pos[:, None] - k_pos[None, :]).abs().to(q.dtype))[None]
 
 
+def exempt(registry, name, check):
+    """Skip, with the variant's declared reason, a check its spec exempts it from."""
+    reason = registry.get("attention", name).exempt.get(check)
+    if reason:
+        pytest.skip(f"{name} is exempt from {check}: {reason}")
+
+
+def causal_if_possible(registry, name):
+    """The direction a direction-agnostic check runs in: causal unless the variant is
+    bidirectional only (Linformer)."""
+    return "causal" in registry.get("attention", name).directions
+
+
+def needs(registry, name, direction):
+    """Skip a check of one direction for a variant that declares it does not run that way."""
+    directions = registry.get("attention", name).directions
+    if direction not in directions:
+        pytest.skip(f"{name} runs only {', '.join(sorted(directions))}")
+
+
 def scheme_for(registry, name):
     """The richest toy scheme the variant declares it can apply."""
     hooks = registry.get("attention", name).position_hooks
@@ -64,7 +84,7 @@ def scheme_for(registry, name):
 def test_shapes_in_self_and_cross_attention(registry, name):
     m = build(registry, name)
     x, memory = rand(2, 5, D_MODEL), rand(2, 7, D_MODEL, seed=1)
-    out, weights = m(x, causal=True, need_weights=True)
+    out, weights = m(x, causal=causal_if_possible(registry, name), need_weights=True)
     assert out.shape == (2, 5, D_MODEL) and weights.shape[::2] == (2, 5) and weights.shape[-1] == 5
     out, weights = m(x, memory, need_weights=True)
     assert out.shape == (2, 5, D_MODEL) and weights.shape[-2:] == (5, 7)
@@ -74,6 +94,7 @@ def test_shapes_in_self_and_cross_attention(registry, name):
 # -- causality ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("with_position", [False, True])
 def test_causal_output_has_exactly_zero_gradient_from_later_inputs(registry, name, with_position):
+    needs(registry, name, "causal")
     m = build(registry, name)
     x = rand(2, 7, D_MODEL).requires_grad_()
     out, _ = m(x, causal=True, position=scheme_for(registry, name) if with_position else None)
@@ -86,6 +107,7 @@ def test_causal_output_has_exactly_zero_gradient_from_later_inputs(registry, nam
 # -- padding -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["bidirectional", "causal", "cross"])
 def test_changing_padded_keys_changes_nothing_at_real_positions(registry, name, mode):
+    needs(registry, name, "bidirectional" if mode == "cross" else mode)
     m = build(registry, name)
     x, memory = rand(2, 6, D_MODEL), rand(2, 8, D_MODEL, seed=1)
     keys = memory if mode == "cross" else x
@@ -110,6 +132,7 @@ def test_changing_padded_keys_changes_nothing_at_real_positions(registry, name, 
 
 # -- symmetry ----------------------------------------------------------------------------------
 def test_permuting_the_input_permutes_the_output_without_positions(registry, name):
+    exempt(registry, name, "permutation_equivariance")
     m = build(registry, name)  # default windows cover these lengths
     x = rand(2, 9, D_MODEL)
     kpm = torch.zeros(2, 9, dtype=torch.bool)
@@ -126,6 +149,8 @@ def test_permuting_the_input_permutes_the_output_without_positions(registry, nam
 
 # -- incremental decoding ----------------------------------------------------------------------
 def test_cached_self_attention_decoding_equals_the_full_pass(registry, name):
+    exempt(registry, name, "cache_equals_full_pass")
+    needs(registry, name, "causal")
     m = build(registry, name)
     position = scheme_for(registry, name)
     x = rand(2, 11, D_MODEL)
@@ -152,6 +177,8 @@ def test_cached_cross_attention_decoding_equals_the_full_pass(registry, name):
 # -- weights -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["causal", "bidirectional", "cross"])
 def test_weights_are_a_distribution_over_allowed_keys(registry, name, mode):
+    exempt(registry, name, "row_stochastic")
+    needs(registry, name, "bidirectional" if mode == "cross" else mode)
     m = build(registry, name)
     x, memory = rand(2, 6, D_MODEL), rand(2, 8, D_MODEL, seed=1)
     keys = memory if mode == "cross" else x
@@ -172,7 +199,8 @@ def test_weights_are_a_distribution_over_allowed_keys(registry, name, mode):
 def test_dtype_is_preserved(registry, name, dtype):
     m = build(registry, name, dtype=dtype)
     x = rand(2, 5, D_MODEL, dtype=dtype)
-    out, weights = m(x, causal=True, position=scheme_for(registry, name), need_weights=True)
+    out, weights = m(x, causal=causal_if_possible(registry, name), position=scheme_for(registry, name),
+                     need_weights=True)
     assert out.dtype == dtype and weights.dtype == dtype
     assert m(x, rand(2, 3, D_MODEL, dtype=dtype))[0].dtype == dtype
     assert torch.isfinite(out.float()).all()
@@ -181,8 +209,9 @@ def test_dtype_is_preserved(registry, name, dtype):
 def test_deterministic(registry, name):
     m = build(registry, name, dtype=torch.float32)
     x = rand(2, 7, D_MODEL, dtype=torch.float32)
-    a, _ = m(x, causal=True)
-    b, _ = m(x, causal=True)
+    causal = causal_if_possible(registry, name)
+    a, _ = m(x, causal=causal)
+    b, _ = m(x, causal=causal)
     assert torch.equal(a, b)
     torch.manual_seed(0)
     again = build(registry, name, dtype=torch.float32)
@@ -192,6 +221,8 @@ def test_deterministic(registry, name):
 
 
 def test_runs_far_past_the_training_length_in_a_model(registry, name):
+    needs(registry, name, "causal")  # a causal LM with a cache
+    exempt(registry, name, "cache_equals_full_pass")
     torch.manual_seed(0)
     model = harness.create_model("transformer", vocab_size=12, max_length=8, attention=name,
                                  position="rope", registry=registry, d_model=16, heads=2, layers=2)
@@ -215,7 +246,8 @@ def test_dropout_is_a_hyper_parameter_off_by_default(registry, name):
     dropped = build(registry, name, dtype=torch.float32, dropout=0.5)
     dropped.load_state_dict(plain.state_dict())
     x = rand(2, 12, D_MODEL, dtype=torch.float32)
-    torch.testing.assert_close(dropped(x, causal=True)[0], plain(x, causal=True)[0])  # eval: off
+    causal = causal_if_possible(registry, name)
+    torch.testing.assert_close(dropped(x, causal=causal)[0], plain(x, causal=causal)[0])  # eval: off
     dropped.train()
     torch.manual_seed(0)
-    assert not torch.allclose(dropped(x, causal=True)[0], plain(x, causal=True)[0])
+    assert not torch.allclose(dropped(x, causal=causal)[0], plain(x, causal=causal)[0])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import harness
-from harness.errors import IncompatibleError
+from harness.errors import ConfigError, IncompatibleError
 from harness.params import FloatRange
 from harness.registry import PositionSpec
 from harness.run.plan import check_pairing
@@ -61,6 +61,10 @@ def test_pair_trains_a_few_steps_or_is_rejected_with_a_reason(registry, pair, ta
             tiny_model(registry, attention, position, task_kind)
         return
 
+    if task_kind == "lm" and "causal" not in aspec.directions:  # Linformer: encoders only
+        with pytest.raises(ConfigError, match="runs only bidirectional"):
+            tiny_model(registry, attention, position, task_kind)
+        return
     torch.manual_seed(0)
     model = tiny_model(registry, attention, position, task_kind)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -150,13 +150,15 @@ def test_g2p_reference_is_the_first_pronunciation_with_stress_stripped_or_kept(r
 
 
 def test_g2p_longer_evaluation_lengths_hold_only_words_longer_than_training(registry):
-    task = g2p(registry, length=8, eval_lengths=(6, 12))
+    task = g2p(registry, length=8, eval_lengths=(12,))
     lengths = {n: [len(e["src"]) for e in task.examples("val", n)] for n in task.eval_lengths}
-    assert max(lengths[6]) == 6 and max(lengths[8]) == 8
+    assert max(lengths[8]) == 8
     assert min(lengths[12]) == 9 and max(lengths[12]) == 12
     assert len(lengths[8]) == task.config.num_val
     with pytest.raises(ValueError, match="drop 40 from eval_lengths"):
         g2p(registry, length=32, eval_lengths=(40,))
+    with pytest.raises((ConfigError, ValueError), match=r"eval_lengths \[6\] are shorter"):
+        g2p(registry, length=8, eval_lengths=(6, 12))  # shorter than training: refused
 
 
 def test_g2p_error_rates_are_edit_distance_over_reference_length():

@@ -251,10 +251,14 @@ def test_skip_dependency_answer_is_a_function_of_the_far_cue_only(registry):
 # -- config validation speaks to the user ---------------------------------------------------
 @pytest.mark.parametrize(("name", "params", "message"), [
     ("associative_recall", {"num_kv_pairs": 16, "length": 32, "eval_lengths": ()}, "at least 4 * num_kv_pairs"),
-    ("associative_recall", {"num_kv_pairs": 20, "vocab": 32, "length": 128}, "raise vocab"),
+    ("associative_recall", {"num_kv_pairs": 20, "vocab": 32, "length": 128, "eval_lengths": ()},
+     "raise vocab"),
     ("selective_copy", {"num_tokens": 30, "length": 24}, "shorter than num_tokens"),
-    ("skip_dependency", {"length": 24, "eval_lengths": (7,)}, "too short"),
-    ("induction_head", {"eval_lengths": (3,)}, "too short"),
+    ("skip_dependency", {"length": 7, "eval_lengths": ()}, "too short"),
+    ("induction_head", {"length": 3, "eval_lengths": ()}, "greater than or equal to 4"),
+    # every task: an evaluation length below the training length is refused, by name
+    ("skip_dependency", {"length": 24, "eval_lengths": (7,)}, "eval_lengths [7] are shorter"),
+    ("induction_head", {"eval_lengths": (3,)}, "eval_lengths [3] are shorter"),
 ])
 def test_impossible_configs_are_rejected_with_the_reason(registry, name, params, message):
     spec = registry.get("task", name)

@@ -1,18 +1,24 @@
 """Recurrent building blocks shared by the recurrent model plugins.
 
-* :class:`RecurrentLM`: an LSTM or GRU language model (and sequence classifier), with
-  incremental decoding through a :class:`RecurrentCache`;
+* :class:`RecurrentLM` and its :class:`RecurrentConfig`: the LSTM or GRU language model
+  (and sequence classifier) behind the ``lstm`` and ``gru`` plugins, which only name their
+  cell; incremental decoding through a :class:`RecurrentCache`;
 * :class:`BidirectionalEncoder`: a bidirectional LSTM or GRU over right-padded batches,
   packed so that padding never enters a state (the encoder of RNN seq2seq models).
-
-Importing this module imports torch: plugin modules import it inside ``module_class()``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
 import torch
+from annotated_types import Ge, Lt
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from harness.data import TaskInfo
+from harness.params import Choice, FloatRange, IntRange
 
 CELLS = ("lstm", "gru")
 
@@ -40,35 +46,56 @@ class RecurrentCache:
         self.state: State | None = None
         self.length = 0
 
+    def numel_per_sequence(self) -> int:
+        """Elements kept per sequence of the batch (``h``, and ``c`` for an LSTM)."""
+        if self.state is None:
+            return 0
+        tensors = self.state if isinstance(self.state, tuple) else (self.state,)
+        return sum(t.numel() // t.shape[1] for t in tensors)  # (layers, B, H)
+
+
+@dataclass
+class RecurrentConfig:
+    """Hyper-parameters of a recurrent language model (``lstm``, ``gru``)."""
+
+    width: Annotated[int, Ge(1), Choice((32, 64, 128, 256, 512))] = 128  # embedding and state size
+    layers: Annotated[int, Ge(1), IntRange(1, 4)] = 2
+    # on embeddings, between layers, on outputs
+    dropout: Annotated[float, Ge(0.0), Lt(1.0), FloatRange(0.0, 0.5)] = 0.0
+    tie_embeddings: Annotated[bool, Choice((True, False))] = True
+
 
 class RecurrentLM(nn.Module):
-    """Embedding -> stacked LSTM/GRU -> linear head.
+    """Embedding -> stacked LSTM/GRU -> linear head; a subclass names its ``cell``.
 
     For ``lm`` batches the head predicts the next token at every position; for
-    classification (``num_classes`` given) it reads the state after the last real token.
-    Batches are right-padded and the recurrence runs left to right, so padding never
-    reaches a real position and ``padding_mask`` is needed only to find the last token.
+    classification it reads the state after the last real token. Batches are right-padded
+    and the recurrence runs left to right, so padding never reaches a real position and
+    ``padding_mask`` is needed only to find the last token. A model plugin: built as
+    ``cls(config, task=..., attention=None, position=None)`` (it takes neither).
     """
 
-    def __init__(
-        self,
-        cell: str,
-        *,
-        vocab_size: int,
-        width: int,
-        layers: int,
-        dropout: float,
-        tie_embeddings: bool,
-        num_classes: int | None = None,
-    ) -> None:
+    #: ``lstm`` or ``gru`` (see :data:`CELLS`)
+    cell: ClassVar[str] = ""
+
+    def __init__(self, config: RecurrentConfig, *, task: TaskInfo, attention: Any = None,
+                 position: Any = None) -> None:
         super().__init__()
+        width = config.width
+        num_classes = task.num_classes if task.format == "classification" else None
         self.classify = num_classes is not None
-        self.embed = nn.Embedding(vocab_size, width)
-        self.rnn = make_rnn(cell, width, width, layers, dropout)
-        self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(width, num_classes if num_classes is not None else vocab_size)
-        if tie_embeddings and not self.classify:
+        self.embed = nn.Embedding(task.vocab_size, width)
+        self.rnn = make_rnn(self.cell, width, width, config.layers, config.dropout)
+        self.drop = nn.Dropout(config.dropout)
+        self.head = nn.Linear(width, num_classes if num_classes is not None else task.vocab_size)
+        if config.tie_embeddings and not self.classify:
             self.head.weight = self.embed.weight
+
+    def state_size(self, length: int) -> int:
+        """Decoding-state elements per sequence: every layer's hidden state (and cell state
+        for an LSTM), whatever the length."""
+        rnn = self.rnn
+        return rnn.num_layers * rnn.hidden_size * (2 if self.cell == "lstm" else 1)
 
     def new_cache(self) -> RecurrentCache:
         return RecurrentCache()

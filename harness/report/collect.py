@@ -1,10 +1,11 @@
 """The report's numbers, read back from the two stores: Optuna (slots, values, best
-configurations) and MLflow (each run's metrics and tags).
+configurations) and MLflow (each run's metrics, tags and resolved configuration).
 
-Owns :class:`CandidateResult` (one candidate's tuning summary, best configuration,
-confirmation seeds) and the statistics over them: mean and bootstrap interval over the
-confirmation seeds, ranks, the paired test against the baseline, cost means, the
-evaluation-length table's values and the quality-versus-cost front. Draws and writes nothing.
+Owns :class:`SeedRun` (one confirmation run), :class:`CandidateResult` (one candidate: its
+tuning summary, best configuration, confirmation seeds and, once :mod:`.verdict` has
+analysed them, their statistics) and :class:`Protocol` (what the tables need to know about
+the study). Computes nothing and draws nothing: a report can be rendered from a list of
+``CandidateResult`` built by hand (the golden-file tests do).
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import stats
-from harness.keys import Attr, Phase, Tag, val_key
+from harness.keys import Attr, Phase, Tag
 from harness.study.progress import best_trial, phase_progress
 from harness.study.schema import COSTS
 from harness.study.storage import StudyHandle
-
-N_RESAMPLES = 10_000
 
 
 @dataclass
@@ -28,7 +27,18 @@ class SeedRun:
     run_id: str
     value: float
     metrics: dict[str, float]
-    not_applicable: list[int]
+    not_applicable: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate against another (the best, or the baseline) on matched seeds."""
+
+    against: str
+    paired: stats.PairedComparison  # candidate minus the other; p_adjusted over all pairs
+    improvement: float  # P(candidate better than the other), seed against seed
+    improvement_interval: stats.Interval
+    seeds_needed: float  # about how many seeds would resolve it (inf: never; NaN: unknown)
 
 
 @dataclass
@@ -37,19 +47,28 @@ class CandidateResult:
     label: str
     seeds: list[SeedRun]
     tuning: dict[str, int]
-    best_trial: int | None
-    best_value: float | None
-    best_config: dict[str, Any] | None
+    best_trial: int | None = None
+    best_value: float | None = None
+    best_config: dict[str, Any] | None = None
     tuning_points: list[tuple[float, float]] = field(default_factory=list)  # (cost, quality)
+    #: the resolved configuration of its confirmation runs, flattened (``model.params.layers``)
+    config: dict[str, str] = field(default_factory=dict)
+    #: keys of ``config`` the tuning searched, and those parameter matching set
+    searched: list[str] = field(default_factory=list)
+    matched: list[str] = field(default_factory=list)
+    # -- filled by verdict.analyze ------------------------------------------------------------
     mean: float = math.nan
-    ci: tuple[float, float] = (math.nan, math.nan)
-    rank: float = math.nan
-    paired: stats.PairedComparison | None = None
+    interval: stats.Interval | None = None
+    rank: int | None = None  # 1 + the number of candidates resolved better; None: no value
+    best_group: bool = False
+    vs_best: Comparison | None = None
+    vs_baseline: Comparison | None = None
     cost: dict[str, float] = field(default_factory=dict)  # mean over seeds
     by_length: dict[int, float | None] = field(default_factory=dict)  # None: n/a
+    by_length_interval: dict[int, stats.Interval] = field(default_factory=dict)
     on_front: bool = False
+    params_off: float | None = None  # relative deviation from budget.params
 
-    @property
     def values(self) -> dict[int, float]:
         return {s.seed: s.value for s in self.seeds}
 
@@ -58,8 +77,74 @@ class CandidateResult:
         return bool(self.best_config and (self.best_config.get("model") or {}).get("attention"))
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """What the report's tables and verdict need to know about the study."""
+
+    study: str
+    metric: str
+    maximize: bool
+    length: int  # the objective's evaluation length
+    train_length: int
+    lengths: tuple[int, ...]
+    baseline: str
+    confidence: float
+    test: str = "sign_flip"
+    seeds: tuple[int, ...] = ()  # the confirmation seeds planned
+    param_target: int | None = None
+    front_cost: str = "params"
+    vary_data: bool = False
+    complete: bool = True
+    task: str = ""  # the task, as the protocol paragraph names it
+    tuning: str = ""  # how every candidate was tuned, in words
+    description: str = ""
+
+    @property
+    def alpha(self) -> float:
+        return round(1 - self.confidence, 12)
+
+    @property
+    def objective(self) -> str:
+        return f"val/{self.metric} @{self.length}"
+
+
+def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
+    cfg = handle.config
+    b = cfg.budget
+    match = f", widths matched to {b.params:,} parameters" if b.params else ""
+    return Protocol(
+        study=handle.name, metric=cfg.objective.metric,
+        maximize=cfg.objective.direction == "maximize",
+        length=cfg.objective.length or int(handle.record["train_length"]),
+        train_length=int(handle.record["train_length"]),
+        lengths=tuple(int(n) for n in handle.record["eval_lengths"]),
+        baseline=cfg.baseline, confidence=cfg.confirm.confidence, test=cfg.confirm.test,
+        seeds=tuple(cfg.confirm_seeds()), param_target=cfg.budget.params,
+        front_cost=front_cost(handle), vary_data=cfg.confirm.vary_data, complete=complete,
+        task=f"{cfg.task.name} {cfg.task.params}",
+        tuning=(f"every candidate tuned with {b.trials} trials of {b.steps} steps "
+                f"({cfg.sampler.name} sampler, {cfg.pruner.name} pruner{match})"),
+        description=cfg.description.strip())
+
+
+def cost_value(metrics: dict[str, float], cost: str) -> float:
+    keys = COSTS[cost][0]
+    return next((float(metrics[k]) for k in keys if k in metrics), math.nan)
+
+
+def front_cost(handle: StudyHandle) -> str:
+    """The cost on the front's x axis: the study's ``front``, else its cost objective, else the
+    budget it matches (decoding-state size or parameters)."""
+    cfg = handle.config
+    if cfg.front:
+        return cfg.front
+    if cfg.cost:
+        return cfg.cost.metric
+    return "state_size" if cfg.budget.state_size else "params"
+
+
 # -- collecting -------------------------------------------------------------------------------
-def _children(handle: StudyHandle) -> dict[str, Any]:
+def child_runs(handle: StudyHandle) -> dict[str, Any]:
     """Child runs of the study by their ``harness.trial`` tag (one query, paged)."""
     client = handle.tracker.client
     out, token = {}, None
@@ -74,23 +159,41 @@ def _children(handle: StudyHandle) -> dict[str, Any]:
             return out
 
 
-def _cost_value(metrics: dict[str, float], cost: str) -> float:
-    keys = COSTS[cost][0]
-    return next((float(metrics[k]) for k in keys if k in metrics), math.nan)
+def config_key(optuna_param: str) -> str:
+    """The flattened config key of a searched Optuna parameter (``attention.dropout`` ->
+    ``model.attention.params.dropout``)."""
+    role, _, name = optuna_param.partition(".")
+    if role == "model":
+        return f"model.params.{name}"
+    if role == "train":
+        return f"train.{name}"
+    return f"model.{role}.params.{name}"
 
 
-def front_cost(handle: StudyHandle) -> str:
-    """The cost on the front's x axis: the study's cost objective, else parameters."""
-    return handle.config.cost.metric if handle.config.cost else "params"
+def _width_params(handle: StudyHandle) -> dict[str, str]:
+    """Per candidate, the config key parameter matching sets (only with budget.params)."""
+    cfg = handle.config
+    if cfg.budget.params is None:
+        return {}
+    from harness.study.space import load_registry
+
+    registry = load_registry(cfg)
+    out = {}
+    for cand in cfg.candidates:
+        width = registry.get("model", cand.model.name).width_param
+        if width:
+            out[cand.name] = f"model.params.{width}"
+    return out
 
 
-def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResult]:
-    """Per candidate: tuning summary, best configuration, confirmation runs and statistics."""
+def collect(handle: StudyHandle) -> list[CandidateResult]:
+    """Per candidate: tuning summary, best configuration and its confirmation runs."""
     from optuna.trial import TrialState
 
     cfg = handle.config
-    children = _children(handle)
-    metric, cost = cfg.objective.metric, front_cost(handle)
+    children = child_runs(handle)
+    cost = front_cost(handle)
+    widths = _width_params(handle)
     results = []
     for cand in cfg.candidates:
         tune = handle.load(Phase.TUNE, cand.name)
@@ -101,9 +204,10 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
         for t in trials:
             run = children.get(f"{tune.study_name}#{t.number}")
             if t.state == TrialState.COMPLETE and run is not None:
-                points.append((_cost_value(run.data.metrics, cost), t.values[0]))
+                points.append((cost_value(run.data.metrics, cost), t.values[0]))
         confirm = handle.load(Phase.CONFIRM, cand.name)
-        seeds = []
+        seeds: list[SeedRun] = []
+        config: dict[str, str] = {}
         for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             run = children.get(f"{confirm.study_name}#{t.number}")
             if run is None:
@@ -111,44 +215,17 @@ def collect(handle: StudyHandle, lengths: tuple[int, ...]) -> list[CandidateResu
             na = run.data.tags.get(Tag.NOT_APPLICABLE, "")
             seeds.append(SeedRun(int(t.user_attrs[Attr.SEED]), run.info.run_id, t.values[0],
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
+            config = config or dict(run.data.params)
         seeds.sort(key=lambda s: s.seed)
-        best_config = best.user_attrs.get(Attr.CONFIG) if best is not None else None
-        label = " · ".join(x for x in (cand.model.name,
-                                       cand.model.attention.name if cand.model.attention else "",
-                                       cand.model.position.name if cand.model.position else "") if x)
-        res = CandidateResult(
+        label = " · ".join(c.name for c in (cand.model, cand.model.attention, cand.model.mixer,
+                                            cand.model.position) if c is not None)
+        results.append(CandidateResult(
             cand.name, label, seeds,
             {"complete": prog.complete, "pruned": prog.pruned, "failed": prog.failed,
              "interrupted": prog.retried, "budget": prog.slots},
-            best.number if best else None, best.values[0] if best else None, best_config, points)
-        values = [s.value for s in seeds]
-        res.mean = stats.mean(values)
-        res.ci = stats.bootstrap_ci(values, cfg.confirm.confidence, N_RESAMPLES)
-        for name in COSTS:
-            res.cost[name] = stats.mean([_cost_value(s.metrics, name) for s in seeds])
-        for length in lengths:
-            if seeds and all(length in s.not_applicable for s in seeds):
-                res.by_length[length] = None
-            else:
-                res.by_length[length] = stats.mean(
-                    [s.metrics.get(val_key(metric, length), math.nan) for s in seeds])
-        results.append(res)
-    _compare(results, handle)
+            best.number if best else None, best.values[0] if best else None,
+            best.user_attrs.get(Attr.CONFIG) if best is not None else None, points,
+            config=config,
+            searched=sorted(config_key(k) for k in (best.params if best is not None else {})),
+            matched=[widths[cand.name]] if cand.name in widths else []))
     return results
-
-
-def _compare(results: list[CandidateResult], handle: StudyHandle) -> None:
-    cfg = handle.config
-    maximize = cfg.objective.direction == "maximize"
-    for res, rank in zip(results, stats.ranks([r.mean for r in results], maximize), strict=True):
-        res.rank = rank
-    base = next(r for r in results if r.name == cfg.baseline)
-    for res in results:
-        if res is not base:
-            res.paired = stats.paired_comparison(res.values, base.values, cfg.confirm.confidence,
-                                                 N_RESAMPLES)
-    cost = front_cost(handle)
-    points = [(r.mean, r.cost.get(cost, math.nan)) for r in results]
-    mask = stats.pareto_mask(points, [maximize, COSTS[cost][1] == "maximize"])
-    for res, on in zip(results, mask, strict=True):
-        res.on_front = on

@@ -1,5 +1,6 @@
-"""The report's figures: learning curves, evaluation length, quality versus cost, Optuna's
-own plots and the attention maps of the best attention-based run.
+"""The report's figures: every seed per candidate, learning curves, evaluation length,
+quality versus cost, Optuna's own plots and the attention maps of the best attention-based
+run. Each candidate keeps one colour in every figure (:func:`palette`).
 
 Each function draws (or copies) into the report folder and returns what it wrote, or
 ``None``/nothing when there is nothing to show. matplotlib and Optuna are imported when a
@@ -18,18 +19,64 @@ from typing import Any
 
 from harness.keys import Phase, val_key
 from harness.plots import extrapolation_curve, pyplot, save_figure
-from harness.report.collect import CandidateResult, front_cost
+from harness.report.collect import CandidateResult, Protocol
+from harness.report.verdict import Verdict
 from harness.study.storage import StudyHandle
 
 
-def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
+def palette(names: list[str]) -> dict[str, str]:
+    """One colour per candidate, in the study's candidate order, the same in every figure
+    (tab10, then tab20 beyond ten candidates)."""
+    plt = pyplot()
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    from matplotlib.colors import to_hex
+
+    return {name: to_hex(cmap(i % cmap.N)) for i, name in enumerate(names)}
+
+
+def seeds_strip(results: list[CandidateResult], verdict: Verdict, protocol: Protocol,
+                colors: dict[str, str], path: Path) -> Path | None:
+    """Every confirmation seed as a point (labelled with its seed), the mean as a bar and its
+    interval as a line, candidates in table order."""
+    by_name = {r.name: r for r in results}
+    shown = [by_name[n] for n in verdict.order if by_name[n].seeds]
+    if not shown:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(shown) + 2), 4))
+    for x, r in enumerate(shown):
+        color = colors[r.name]
+        n = len(r.seeds)
+        for k, s in enumerate(r.seeds):
+            dx = 0.0 if n == 1 else -0.18 + 0.36 * k / (n - 1)
+            ax.scatter([x + dx], [s.value], color=color, s=28, zorder=3)
+            if n <= 10:
+                ax.annotate(str(s.seed), (x + dx, s.value), textcoords="offset points",
+                            xytext=(4, 2), fontsize=6, color="dimgrey")
+        if math.isfinite(r.mean):
+            ax.hlines(r.mean, x - 0.3, x + 0.3, color=color, linewidth=2, zorder=2)
+        if r.interval is not None and r.interval.defined:
+            ax.vlines(x + 0.3, r.interval.low, r.interval.high, color=color, linewidth=1)
+    ax.set_xticks(range(len(shown)), [r.name + (" (best group)" if r.best_group and verdict.resolved
+                                                else "") for r in shown],
+                  rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(protocol.objective)
+    label = shown[0].interval.label if shown[0].interval else ""
+    ax.set_title(f"Each confirmation seed (points, with seed numbers)\nmean (bar), {label} "
+                 f"interval (line)", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, path)
+
+
+def learning_curves(handle: StudyHandle, results: list[CandidateResult], colors: dict[str, str],
+                    path: Path) -> Path | None:
     """``val/<metric>`` against optimizer steps: each seed thin, the mean over seeds bold."""
     key = val_key(handle.config.objective.metric)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
-    for i, res in enumerate(results):
-        color = f"C{i % 10}"
+    for res in results:
+        color = colors[res.name]
         curves = []
         for s in res.seeds:
             hist = {m.step: m.value for m in handle.tracker.client.get_metric_history(s.run_id, key)}
@@ -47,44 +94,52 @@ def learning_curves(handle: StudyHandle, results: list[CandidateResult], path: P
         return None
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(f"{key} (training length)")
-    ax.set_title("Learning curves of the confirmation runs")
+    ax.set_title("Learning curves of the confirmation runs (thin: each seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
-def extrapolation(handle: StudyHandle, results: list[CandidateResult], train_length: int,
+def extrapolation(results: list[CandidateResult], protocol: Protocol, colors: dict[str, str],
                   path: Path) -> Path | None:
-    curves = {r.name: {n: v for n, v in r.by_length.items() if v is not None and math.isfinite(v)}
-              for r in results}
-    curves = {k: v for k, v in curves.items() if v}
+    """The objective's metric by evaluation length: mean over seeds, its interval as a band."""
+    curves, bands = {}, {}
+    for r in results:
+        points = {n: v for n, v in r.by_length.items() if v is not None and math.isfinite(v)}
+        if points:
+            curves[r.name] = points
+            bands[r.name] = {n: (ci.low, ci.high) for n, ci in r.by_length_interval.items()
+                             if ci.defined and n in points}
     if not curves or max(len(v) for v in curves.values()) < 2:
         return None
-    return extrapolation_curve(curves, metric=val_key(handle.config.objective.metric),
-                               train_length=train_length, path=path,
+    label = next((ci.label for r in results for ci in r.by_length_interval.values()), "")
+    return extrapolation_curve(curves, metric=f"val/{protocol.metric}",
+                               train_length=protocol.train_length, path=path, colors=colors,
+                               bands=bands, band_label=f"{label} interval over seeds",
                                title="Mean over confirmation seeds by evaluation length")
 
 
-def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Path | None:
+def front(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
+          protocol: Protocol, colors: dict[str, str], path: Path) -> Path | None:
     """Quality against cost: every completed tuning trial (small), each candidate's
-    confirmed mean with its interval (large), the non-dominated candidates joined."""
-    cfg = handle.config
-    cost = front_cost(handle)
+    confirmed mean with its interval (large), the front (when there is one) joined."""
+    cost = protocol.front_cost
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     front_pts = []
-    for i, res in enumerate(results):
-        color = f"C{i % 10}"
+    for res in results:
+        color = colors[res.name]
         pts = [(c, q) for c, q in res.tuning_points if math.isfinite(c)]
         if pts:
             ax.scatter(*zip(*pts, strict=True), s=14, color=color, alpha=0.35)
         x = res.cost.get(cost, math.nan)
         if math.isfinite(x) and math.isfinite(res.mean):
             err = None
-            if all(math.isfinite(v) for v in res.ci):
-                err = [[res.mean - res.ci[0]], [res.ci[1] - res.mean]]
-            ax.errorbar([x], [res.mean], yerr=err, fmt="o", markersize=8, color=color,
-                        capsize=3, label=res.name)
+            if res.interval is not None and res.interval.defined:
+                err = [[res.mean - res.interval.low], [res.interval.high - res.mean]]
+            ax.errorbar([x], [res.mean], yerr=err, fmt="*" if res.on_front else "o",
+                        markersize=11 if res.on_front else 8, color=color, capsize=3,
+                        label=res.name + (" (front)" if res.on_front else ""))
             if res.on_front:
                 front_pts.append((x, res.mean))
     if not ax.has_data():
@@ -98,18 +153,28 @@ def front(handle: StudyHandle, results: list[CandidateResult], path: Path) -> Pa
         ax.set_xscale("log")
     ax.set_xlabel({"params": "parameters", "tokens_per_s": "training tokens / s",
                    "peak_memory": "peak memory (MB)"}[cost])
-    ax.set_ylabel(val_key(cfg.objective.metric))
-    ax.set_title("Quality versus cost (small: tuning trials; large: confirmed mean, 95% CI)")
-    ax.title.set_fontsize(9)
+    ax.set_ylabel(protocol.objective)
+    label = next((r.interval.label for r in results if r.interval is not None), "")
+    note = "" if verdict.front else "; no front: costs not resolved apart"
+    ax.set_title(f"Quality versus cost (small: tuning trials; large: confirmed mean, {label} "
+                 f"interval{note})", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
+def importance_min_trials(searched: int) -> int:
+    """Completed trials before a parameter-importance plot says something: with one or two
+    searched parameters, 10; with more, max(20, 4 per parameter). Measured
+    (``benchmarks/importance_trials.md``): below these, Optuna's fANOVA importance misses the
+    one parameter that matters in more than 10% of synthetic studies."""
+    return 10 if searched <= 2 else max(20, 4 * searched)
+
+
 def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """Optuna's optimization history and parameter importances per candidate (matplotlib
-    backend). Importance needs two completed trials and a searched parameter; otherwise a
-    note says why it is missing."""
+    backend). Importance only with enough completed trials (:func:`importance_min_trials`);
+    otherwise one sentence says why it is missing."""
     import optuna
     from optuna.visualization import matplotlib as ovm
 
@@ -122,12 +187,18 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
     for cand in cfg.candidates:
         study = handle.load(Phase.TUNE, cand.name)
         complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        searched = len({p for t in complete for p in t.params})
+        need = importance_min_trials(searched)
         for kind, plot in (("history", ovm.plot_optimization_history),
                            ("importance", ovm.plot_param_importances)):
             path = out / "optuna" / f"{cand.name}_{kind}.png"
-            if kind == "importance" and (len(complete) < 2 or not any(t.params for t in complete)):
-                notes.append(f"{cand.name}: no parameter importance (needs two completed trials "
-                             f"with searched parameters; has {len(complete)})")
+            if kind == "importance" and (searched < 2 or len(complete) < need):
+                why = ("it searched no parameter" if searched == 0 else
+                       "it searched one parameter (its importance is 1 by definition)"
+                       if searched == 1 else
+                       f"it has {len(complete)} completed tuning trials; {need} are needed to "
+                       f"estimate the importance of {searched} searched parameters")
+                notes.append(f"{cand.name}: no parameter-importance plot: {why}.")
                 continue
             try:
                 # Optuna switches the global style to ggplot; keep that inside this block.
@@ -143,12 +214,13 @@ def optuna_plots(handle: StudyHandle, out: Path) -> tuple[list[tuple[str, Path]]
     return figures, notes
 
 
-def attention_maps(handle: StudyHandle, results: list[CandidateResult], out: Path
-                   ) -> tuple[str | None, list[Path]]:
-    """Copy the attention maps of the best-ranked attention-based candidate's best
-    confirmation run (logged by every run under ``attention/``)."""
+def attention_maps(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
+                   out: Path) -> tuple[str | None, list[Path]]:
+    """Copy the attention maps of the first attention-based candidate in table order, from
+    its best confirmation run (logged by every run under ``attention/``)."""
     maximize = handle.config.objective.direction == "maximize"
-    ranked = sorted((r for r in results if r.uses_attention and r.seeds), key=lambda r: r.rank)
+    by_name = {r.name: r for r in results}
+    ranked = [by_name[n] for n in verdict.order if by_name[n].uses_attention and by_name[n].seeds]
     for res in ranked:
         best = max(res.seeds, key=lambda s: s.value if maximize else -s.value)
         client = handle.tracker.client

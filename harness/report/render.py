@@ -1,8 +1,9 @@
 """The report's text: blocks (headings, paragraphs, tables, figures, code) rendered as
-Markdown and as HTML, the ranked and evaluation-length tables, and number formatting.
+Markdown and as HTML, the report's tables, and number formatting.
 
-A block is ``(kind, value)``; the report is built once as blocks and written in both formats,
-so the two never disagree. Undefined numbers are shown as such ("–", "n/a"), never as a
+A block is ``(kind, value)``; the report is built once as blocks and written in every
+format, so the formats never disagree. A table cell is a ``str``; a :class:`Strong` cell is
+shown in bold (the best group). Undefined numbers are shown as such ("–", "n/a"), never as a
 misleading value; HTML is escaped and a pipe inside a Markdown cell does not split it.
 """
 
@@ -12,57 +13,214 @@ import html
 import math
 from typing import Any
 
-from harness.report.collect import CandidateResult
-from harness.study.storage import StudyHandle
+from harness import stats
+from harness.report.collect import CandidateResult, Comparison, Protocol
+from harness.report.verdict import PARAM_TOLERANCE, POWER, Verdict
 
 Block = tuple[str, Any]
 
 
-def _fmt(x: float | None, digits: int = 4) -> str:
+class Strong(str):
+    """A table cell shown in bold: a member of the best group (when the group is not
+    everyone, so the mark says something)."""
+
+    __slots__ = ()
+
+
+def fmt(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "n/a"
     return f"{x:.{digits}g}" if math.isfinite(x) else "–"
 
 
-def _count(x: float | None) -> str:
+def count(x: float | None) -> str:
     """Parameters, tokens/s, megabytes: whole numbers with thousands separators."""
     return f"{x:,.0f}" if x is not None and math.isfinite(x) else "–"
 
 
-def _interval(mean: float, ci: tuple[float, float]) -> str:
+def interval(mean: float, ci: stats.Interval | None) -> str:
     if not math.isfinite(mean):
         return "–"
-    if not all(math.isfinite(v) for v in ci):
-        return f"{_fmt(mean)} (one seed)"
-    return f"{_fmt(mean)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+    if ci is None or not ci.defined:
+        return f"{fmt(mean)} (one seed)"
+    return f"{fmt(mean)} [{fmt(ci.low)}, {fmt(ci.high)}]"
 
 
-def ranked_table(handle: StudyHandle, results: list[CandidateResult], length: int) -> Block:
-    cfg = handle.config
+def percent(x: float) -> str:
+    return f"{x:+.1%}" if math.isfinite(x) else "–"
+
+
+def p_text(p: float) -> str:
+    return "–" if not math.isfinite(p) else "< 0.001" if p < 0.001 else f"{p:.3g}"
+
+
+def seeds_text(n: float) -> str:
+    if math.isnan(n):
+        return "–"
+    return "more than 10,000" if math.isinf(n) else f"about {n:,.0f}"
+
+
+def methods(results: list[CandidateResult], protocol: Protocol) -> str:
+    """The interval method(s) of a column, for its header: ``95% Student t``."""
+    labels = sorted({r.interval.label for r in results if r.interval is not None})
+    return " / ".join(labels) or stats.interval_label(len(protocol.seeds), protocol.confidence)
+
+
+def seed_list(results: list[CandidateResult], protocol: Protocol) -> list[int]:
+    return sorted({s.seed for r in results for s in r.seeds} | set(protocol.seeds))
+
+
+# -- tables ------------------------------------------------------------------------------------
+def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> Block:
+    by_name = {r.name: r for r in results}
+    seeds = seed_list(results, protocol)
     header = ["rank", "candidate", "model · attention · position",
-              f"val/{cfg.objective.metric} @{length}: mean [95% CI]",
-              f"Δ vs {cfg.baseline} [95% CI]", "p (paired)", "seeds", "params",
-              "tokens/s", "peak MB", "tuning: done (pruned, failed) / budget"]
+              f"{protocol.objective}: mean [{methods(results, protocol)} interval]",
+              "seeds " + ", ".join(map(str, seeds)), "params", "tokens/s", "peak MB",
+              "tuning: done (pruned, failed) / budget"]
     rows = []
-    for r in sorted(results, key=lambda r: (r.rank, r.name)):
-        p = r.paired
-        delta = "baseline" if p is None else _interval(p.mean_difference, p.ci)
-        pval = "" if p is None else f"{_fmt(p.p_value, 3)} (n={p.n})"
+    for name in verdict.order:
+        r = by_name[name]
+        values = r.values()
+        mean = interval(r.mean, r.interval)
         t = r.tuning
+        params = count(r.cost.get("params"))
+        if r.params_off is not None and abs(r.params_off) > PARAM_TOLERANCE:
+            params += f" ⚠ {r.params_off:+.0%}"
         rows.append([
-            f"{r.rank:g}" + (" ★" if r.on_front else ""), r.name, r.label, _interval(r.mean, r.ci),
-            delta, pval, str(len(r.seeds)), _count(r.cost.get("params")),
-            _count(r.cost.get("tokens_per_s")), _count(r.cost.get("peak_memory")),
+            "–" if r.rank is None else f"{r.rank}" + (" ★" if r.on_front else ""), r.name, r.label,
+            Strong(mean) if r.best_group and verdict.resolved else mean,
+            ", ".join(fmt(values.get(s, math.nan)) for s in seeds), params,
+            count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")),
             f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
         ])
     return "table", (header, rows)
 
 
-def length_table(handle: StudyHandle, results: list[CandidateResult], lengths: tuple[int, ...],
-                 train_length: int) -> Block:
-    header = ["candidate"] + [f"{n}" + (" (train)" if n == train_length else "") for n in lengths]
-    rows = [[r.name] + [_fmt(r.by_length.get(n)) for n in lengths] for r in results]
+def comparison_table(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> Block:
+    """Effect sizes first (difference, its interval, relative difference, P(X > Y)), then
+    the p-values and how many seeds would resolve the difference."""
+    by_name = {r.name: r for r in results}
+    label = methods(results, protocol)
+    header = ["candidate", "against", f"Δ mean [{label} interval]", "Δ relative",
+              f"P(candidate better) [{protocol.confidence:.0%} percentile bootstrap]",
+              f"p ({stats.TESTS[protocol.test]})", f"p, Holm over {verdict.comparisons} pair(s)",
+              "resolved", f"seeds to resolve ({POWER:.0%} power)"]
+    rows = []
+    for name in verdict.order:
+        r = by_name[name]
+        for cmp, role in ((r.vs_best, "best"), (r.vs_baseline, "baseline")):
+            if cmp is None or (role == "baseline" and r.vs_best is not None
+                               and cmp.against == r.vs_best.against):
+                continue
+            rows.append(_comparison_row(r, cmp, role, verdict))
     return "table", (header, rows)
+
+
+def _comparison_row(r: CandidateResult, cmp: Comparison, role: str, verdict: Verdict) -> list[str]:
+    p = cmp.paired
+    resolved = p.p_adjusted <= verdict.alpha
+    improve = fmt(cmp.improvement, 2)
+    if cmp.improvement_interval.defined:
+        improve += f" [{fmt(cmp.improvement_interval.low, 2)}, {fmt(cmp.improvement_interval.high, 2)}]"
+    return [r.name, f"{cmp.against} ({role})", interval(p.mean_difference, p.interval),
+            percent(p.relative_difference), improve, p_text(p.p_value), p_text(p.p_adjusted),
+            "yes" if resolved else "no", "–" if resolved else seeds_text(cmp.seeds_needed)]
+
+
+def length_table(results: list[CandidateResult], protocol: Protocol) -> Block:
+    header = ["candidate"] + [f"{n}" + (" (train)" if n == protocol.train_length else "")
+                              for n in protocol.lengths]
+    rows = [[r.name] + [fmt(r.by_length.get(n)) for n in protocol.lengths] for r in results]
+    return "table", (header, rows)
+
+
+def fixed_table(results: list[CandidateResult], verdict: Verdict) -> Block:
+    names = [r.name for r in results]
+    rows = [[key] + [values.get(n, "–") for n in names]
+            for key, values in verdict.fixed_differences.items()]
+    return "table", (["hyper-parameter"] + names, rows)
+
+
+# -- text ----------------------------------------------------------------------------------------
+def first_line(verdict: Verdict, protocol: Protocol) -> str | None:
+    """What a reader must know before any number: too few seeds to resolve anything, or a
+    study that is not complete."""
+    parts = []
+    if not verdict.floor.possible and len(verdict.order) - len(verdict.unranked) > 1:
+        sentence = verdict.floor.sentence()
+        parts.append("Too few seeds: " + sentence[0].upper() + sentence[1:])
+    if not protocol.complete:
+        parts.append("The study is not complete: the numbers below are partial.")
+    return " ".join(parts) or None
+
+
+def verdict_text(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> list[str]:
+    """The verdict in sentences: the best group, what is resolved (effect sizes first), what
+    more seeds would resolve."""
+    by_name = {r.name: r for r in results}
+    ranked = [by_name[n] for n in verdict.order if n not in verdict.unranked]
+    if not ranked:
+        return ["No candidate has a finished confirmation run."]
+    if len(ranked) == 1:
+        return [f"Only {ranked[0].name} has finished confirmation runs: nothing to compare."]
+    level = (f"at level {verdict.alpha:.3g}, {stats.TESTS[verdict.test]}, Holm over "
+             f"{verdict.comparisons} pair(s)")
+    out = []
+    if not verdict.resolved:
+        out.append(f"No difference is resolved ({level}): all {len(ranked)} candidates are in one "
+                   f"group and share rank 1. The ordering of the means below is not evidence "
+                   f"that one is better.")
+    else:
+        group = ", ".join(verdict.best_group)
+        out.append(f"Best group (bold): {group} — the best mean ({verdict.best}) and every "
+                   f"candidate not resolved from it ({level}).")
+        below = [r for r in ranked if not r.best_group and r.vs_best is not None]
+        out.append("Resolved below the best: " + "; ".join(
+            f"{r.name} (Δ = {interval(r.vs_best.paired.mean_difference, r.vs_best.paired.interval)}, "
+            f"{percent(r.vs_best.paired.relative_difference)}, adjusted p = "
+            f"{p_text(r.vs_best.paired.p_adjusted)})" for r in below if r.vs_best) + ".")
+    open_ = [r for r in ranked if r.vs_best is not None and r.best_group]
+    if open_:
+        out.append("Seeds that would resolve the open comparisons with the best, if the observed "
+                   f"difference and spread held ({POWER:.0%} power): " + "; ".join(
+                       f"{r.name}: {seeds_text(r.vs_best.seeds_needed)}" for r in open_ if r.vs_best) + ".")
+    return out
+
+
+def protocol_text(protocol: Protocol, verdict: Verdict) -> str:
+    seeds = ", ".join(map(str, protocol.seeds))
+    return (
+        f"Task {protocol.task}. Objective: {'maximize' if protocol.maximize else 'minimize'} "
+        f"{protocol.objective} (val/{protocol.metric} at evaluation length {protocol.length}). "
+        f"Protocol: {protocol.tuning}; its best configuration re-run with {len(protocol.seeds)} fresh "
+        f"seeds ({seeds}). Intervals of means and of differences: Student t below "
+        f"{stats.BCA_MIN_N} seeds, BCa bootstrap ({stats.N_RESAMPLES:,} resamples) from "
+        f"{stats.BCA_MIN_N} on, at {protocol.confidence:.0%}. Every pair of candidates is compared "
+        f"on matched seeds with the {stats.TESTS[protocol.test]}, and the p-values of all "
+        f"{verdict.comparisons} pair(s) are Holm-adjusted together (the table's claims span "
+        f"every pair), at level {verdict.alpha:.3g}. Rank = 1 + the number of candidates "
+        f"resolved better; candidates nothing separates share a rank."
+    )
+
+
+def variance_text(protocol: Protocol) -> str:
+    """Which sources of variance the confirmation seeds vary (Bouthillier et al., 2021)."""
+    data = ("the data sample too (confirm.vary_data: the task is rebuilt with data_seed + k for "
+            "the k-th seed, the same k for every candidate, so the comparison stays paired)"
+            if protocol.vary_data else
+            "not the data sample (every run sees the same generated data; confirm.vary_data: "
+            "true draws a fresh sample per seed)")
+    return (f"Sources of variance: each confirmation seed varies the initialisation and the data "
+            f"order (train.seed), and {data}. The hyper-parameter search is not repeated per "
+            f"seed, so its variance is not in the intervals (Bouthillier et al., 'Accounting for "
+            f"Variance in Machine Learning Benchmarks', MLSys 2021).")
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _md_cell(c: str) -> str:
+    text = c.replace("|", "\\|")
+    return f"**{text}**" if isinstance(c, Strong) else text
 
 
 def render_markdown(blocks: list[Block]) -> str:
@@ -72,6 +230,8 @@ def render_markdown(blocks: list[Block]) -> str:
             out.append(("# " if kind == "h1" else "## ") + value)
         elif kind == "p":
             out.append(value)
+        elif kind == "warn":
+            out.append(f"**{value}**")
         elif kind == "list":
             out.append("\n".join(f"- {item}" for item in value))
         elif kind == "img":
@@ -81,9 +241,13 @@ def render_markdown(blocks: list[Block]) -> str:
         elif kind == "table":
             header, rows = value
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
             out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
+
+
+def _html_cell(c: str) -> str:
+    return f"<td><strong>{html.escape(c)}</strong></td>" if isinstance(c, Strong) else f"<td>{html.escape(c)}</td>"
 
 
 def render_html(blocks: list[Block], title: str) -> str:
@@ -94,6 +258,8 @@ def render_html(blocks: list[Block], title: str) -> str:
             body.append(f"<{kind}>{e(value)}</{kind}>")
         elif kind == "p":
             body.append(f"<p>{e(value)}</p>")
+        elif kind == "warn":
+            body.append(f'<p class="warn"><strong>{e(value)}</strong></p>')
         elif kind == "list":
             body.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in value) + "</ul>")
         elif kind == "img":
@@ -104,10 +270,11 @@ def render_html(blocks: list[Block], title: str) -> str:
         elif kind == "table":
             header, rows = value
             head = "".join(f"<th>{e(h)}</th>" for h in header)
-            trs = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+            trs = "".join("<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in rows)
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
              "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;"
-             "padding:4px 8px;text-align:left}img{max-width:100%}figure{margin:1em 0}")
+             "padding:4px 8px;text-align:left}img{max-width:100%}figure{margin:1em 0}"
+             ".warn{background:#fff3cd;padding:.5em}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")

@@ -1,21 +1,24 @@
-"""Assemble a study's report folder (``results.md``, ``results.html``, ``summary.json``, the
-figures) from :mod:`.collect`, :mod:`.figures` and :mod:`.render`, and log it to the study's
-parent MLflow run."""
+"""Assemble a study's report folder from :mod:`.collect`, :mod:`.verdict`, :mod:`.figures`,
+:mod:`.document`, :mod:`.render` and :mod:`.export` in the formats asked for (``md``,
+``html``, ``csv``, ``latex``, ``json``), and log it to the study's parent MLflow run."""
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import tracking
-from harness.report.collect import (
-    N_RESAMPLES,
-    CandidateResult,
-    collect,
-    front_cost,
+from harness.report.collect import CandidateResult, Protocol, collect, protocol
+from harness.report.document import document
+from harness.report.export import (
+    DEFAULT_FORMATS,
+    FILES,
+    candidates_csv,
+    latex_table,
+    seeds_csv,
+    summary,
 )
 from harness.report.figures import (
     attention_maps,
@@ -23,134 +26,128 @@ from harness.report.figures import (
     front,
     learning_curves,
     optuna_plots,
+    palette,
+    seeds_strip,
 )
-from harness.report.render import (
-    Block,
-    _fmt,
-    length_table,
-    ranked_table,
-    render_html,
-    render_markdown,
-)
+from harness.report.render import Block, fmt, render_html, render_markdown
+from harness.report.verdict import Verdict, analyze
 from harness.study.progress import progress, reconcile, settle_parent
 from harness.study.storage import StudyHandle
 
 
-def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_parent: bool = True) -> Path:
-    """Write the report folder and log it to the parent run; returns the folder."""
-    import yaml
+def analysed(handle: StudyHandle, settle: bool = True
+             ) -> tuple[list[CandidateResult], Verdict, Protocol]:
+    """The study's results, read back and analysed (``settle``: first end orphaned runs and
+    a complete study's parent run, as the report always has)."""
+    if settle:
+        reconcile(handle)
+    prog = progress(handle)
+    if settle:
+        settle_parent(handle, prog)
+    proto = protocol(handle, prog.complete)
+    results = collect(handle)
+    return results, analyze(results, proto), proto
 
-    cfg = handle.config
+
+def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_parent: bool = True,
+                 formats: Sequence[str] = DEFAULT_FORMATS) -> Path:
+    """Write the report folder in ``formats`` and log it to the parent run; returns the
+    folder. Figures are drawn only for the Markdown and HTML reports."""
     out_dir = Path(out) if out else tracking.home() / "reports" / handle.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    reconcile(handle)
-    prog = progress(handle)
-    settle_parent(handle, prog)
-    train_length = int(handle.record["train_length"])
-    lengths = tuple(int(n) for n in handle.record["eval_lengths"])
-    length = cfg.objective.length or train_length
-    results = collect(handle, lengths)
-
-    blocks: list[Block] = [("h1", f"Study {handle.name}")]
-    if cfg.description:
-        blocks.append(("p", cfg.description.strip()))
-    blocks.append(("p", _protocol_text(handle, length, prog.complete)))
-    blocks.append(("h2", "Ranking"))
-    blocks.append(ranked_table(handle, results, length))
-    blocks.append(("p", "★: on the quality-versus-cost front (no other candidate is at least as "
-                        f"good in both val/{cfg.objective.metric} and {front_cost(handle)}). "
-                        "Cost columns are means over the confirmation seeds."))
-    notes = list(handle.record.get("notes", []))
-    figures: list[tuple[str, Path | None]] = [
-        ("Learning curves", learning_curves(handle, results, out_dir / "learning_curves.png")),
-        ("Evaluation length", extrapolation(handle, results, train_length, out_dir / "extrapolation.png")),
-        ("Quality versus cost", front(handle, results, out_dir / "front.png")),
-    ]
-    if len(lengths) > 1:
-        blocks.append(("h2", f"val/{cfg.objective.metric} by evaluation length (mean over seeds)"))
-        blocks.append(length_table(handle, results, lengths, train_length))
-        if any(v is None for r in results for v in r.by_length.values()):
-            blocks.append(("p", "n/a: the model cannot run at that length (for example a learned "
-                                "position table or a fixed-length mixer)."))
-    for title, path in figures:
-        if path is not None:
-            blocks += [("h2", title), ("img", (path.name, title))]
-    opt_figs, opt_notes = optuna_plots(handle, out_dir)
-    notes += opt_notes
-    if opt_figs:
-        blocks.append(("h2", "Tuning (Optuna)"))
-        blocks += [("img", (str(p.relative_to(out_dir)), t)) for t, p in opt_figs]
-    who, maps = attention_maps(handle, results, out_dir)
-    if maps:
-        blocks.append(("h2", f"Attention maps: {who}"))
-        blocks += [("img", (str(p.relative_to(out_dir)), p.stem)) for p in maps]
-    else:
-        notes.append("no attention maps: no attention-based candidate logged any")
-    blocks.append(("h2", "Best configuration per candidate"))
-    for r in results:
-        if r.best_config:
-            shown = {k: r.best_config[k] for k in ("model", "train") if k in r.best_config}
-            blocks.append(("p", f"{r.name}: tuning trial #{r.best_trial}, "
-                                f"val/{cfg.objective.metric} = {_fmt(r.best_value)}"))
-            blocks.append(("code", yaml.safe_dump(shown, sort_keys=False).strip()))
-        else:
-            blocks.append(("p", f"{r.name}: no completed tuning trial"))
-    if notes:
-        blocks += [("h2", "Notes"), ("list", notes)]
-
-    (out_dir / "results.md").write_text(render_markdown(blocks))
-    (out_dir / "results.html").write_text(render_html(blocks, f"Study {handle.name}"))
-    summary = _finite(_summary(handle, results, length, prog.complete))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    results, verdict, proto = analysed(handle)
+    if "md" in formats or "html" in formats:
+        blocks = _full_document(handle, results, verdict, proto, out_dir)
+        if "md" in formats:
+            (out_dir / "results.md").write_text(render_markdown(blocks))
+        if "html" in formats:
+            (out_dir / "results.html").write_text(render_html(blocks, f"Study {handle.name}"))
+    if "csv" in formats:
+        (out_dir / "candidates.csv").write_text(candidates_csv(results, verdict, proto))
+        (out_dir / "seeds.csv").write_text(seeds_csv(results, proto))
+    if "latex" in formats:
+        (out_dir / "table.tex").write_text(latex_table(results, verdict, proto))
+    if "json" in formats:
+        data = summary(results, verdict, proto, parent_run_id=handle.parent_run_id)
+        (out_dir / "summary.json").write_text(json.dumps(data, indent=2))
     if log_to_parent:
         handle.tracker.client.log_artifacts(handle.parent_run_id, str(out_dir), "report")
     return out_dir
 
 
-def _protocol_text(handle: StudyHandle, length: int, complete: bool) -> str:
-    cfg = handle.config
-    b = cfg.budget
-    match = f", widths matched to {b.params:,} parameters" if b.params else ""
-    state = "" if complete else " THE STUDY IS NOT COMPLETE: numbers below are partial."
-    return (
-        f"Task {cfg.task.name} {cfg.task.params}. Objective: {cfg.objective.direction} "
-        f"val/{cfg.objective.metric} at evaluation length {length}. Protocol: every candidate "
-        f"tuned with {b.trials} trials of {b.steps} steps ({cfg.sampler.name} sampler, "
-        f"{cfg.pruner.name} pruner{match}); its best configuration re-run with "
-        f"{cfg.confirm.seeds} fresh seeds ({', '.join(map(str, cfg.confirm_seeds()))}). Mean and "
-        f"{cfg.confirm.confidence:.0%} percentile bootstrap interval ({N_RESAMPLES:,} resamples) "
-        f"over seeds; Δ and p against the baseline {cfg.baseline} on matched seeds (exact "
-        f"two-sided sign-flip permutation test; with n seeds no p-value can be below 2/2^n, "
-        f"{2 / 2 ** cfg.confirm.seeds:.3g} here). Rank 1 is best; ties share a rank.{state}"
-    )
+def written_files(out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    return [out_dir / name for f in formats for name in FILES[f]]
 
 
-def _summary(handle: StudyHandle, results: list[CandidateResult], length: int,
-             complete: bool) -> dict[str, Any]:
-    cfg = handle.config
-    return {
-        "study": handle.name, "complete": complete, "parent_run_id": handle.parent_run_id,
-        "objective": {"metric": cfg.objective.metric, "direction": cfg.objective.direction,
-                      "length": length},
-        "baseline": cfg.baseline, "confidence": cfg.confirm.confidence,
-        "candidates": [
-            {"name": r.name, "label": r.label, "rank": r.rank, "mean": r.mean, "ci": list(r.ci),
-             "values": {str(s.seed): s.value for s in r.seeds},
-             "runs": {str(s.seed): s.run_id for s in r.seeds},
-             "paired": asdict(r.paired) if r.paired else None, "cost": r.cost,
-             "by_length": {str(n): v for n, v in r.by_length.items()}, "on_front": r.on_front,
-             "tuning": r.tuning, "best_trial": r.best_trial, "best_value": r.best_value}
-            for r in results
-        ],
-    }
+def _full_document(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
+                   proto: Protocol, out_dir: Path) -> list[Block]:
+    """The document with its figures and the sections that read the stores."""
+    import yaml
+
+    colors = palette([c.name for c in handle.config.candidates])
+    notes = list(handle.record.get("notes", []))
+    figures: list[tuple[str, Path | None]] = [
+        ("Learning curves", learning_curves(handle, results, colors, out_dir / "learning_curves.png")),
+        ("Evaluation length", extrapolation(results, proto, colors, out_dir / "extrapolation.png")),
+        ("Quality versus cost", front(handle, results, verdict, proto, colors, out_dir / "front.png")),
+    ]
+    extra: list[Block] = []
+    opt_figs, opt_notes = optuna_plots(handle, out_dir)
+    notes += opt_notes
+    if opt_figs:
+        extra.append(("h2", "Tuning (Optuna)"))
+        extra += [("img", (str(p.relative_to(out_dir)), t)) for t, p in opt_figs]
+    who, maps = attention_maps(handle, results, verdict, out_dir)
+    if maps:
+        extra.append(("h2", f"Attention maps: {who}"))
+        extra += [("img", (str(p.relative_to(out_dir)), p.stem)) for p in maps]
+    else:
+        notes.append("no attention maps: no attention-based candidate logged any")
+    extra.append(("h2", "Best configuration per candidate"))
+    configs = best_configs(handle, out_dir / "configs")
+    for r in results:
+        if r.best_config:
+            shown: dict[str, Any] = {k: r.best_config[k] for k in ("model", "train") if k in r.best_config}
+            runnable = (f" The complete configuration (every declared field, defaults included): "
+                        f"`configs/{r.name}.yaml`; `harness train configs/{r.name}.yaml` re-runs it."
+                        if r.name in configs else "")
+            extra.append(("p", f"{r.name}: tuning trial #{r.best_trial}, "
+                               f"val/{proto.metric} = {fmt(r.best_value)}.{runnable}"))
+            extra.append(("code", yaml.safe_dump(shown, sort_keys=False).strip()))
+        else:
+            extra.append(("p", f"{r.name}: no completed tuning trial"))
+    if notes:
+        extra += [("h2", "Notes"), ("list", notes)]
+    strip = seeds_strip(results, verdict, proto, colors, out_dir / "seeds.png")
+    return document(results, verdict, proto, seeds_figure=strip,
+                    figures=[(t, p) for t, p in figures if p is not None], extra=extra)
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN: undefined numbers (one seed, no value) become null."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
+def best_configs(handle: StudyHandle, folder: Path) -> dict[str, Path]:
+    """Each candidate's best tuning run as a complete, runnable run config: the resolved
+    config that run recorded (``config.yaml``: every declared field, defaults included), less
+    its tracking block (a re-run records where the user's store is)."""
+    import yaml
+
+    from harness.keys import Attr, Phase
+    from harness.study.progress import best_trial
+
+    out: dict[str, Path] = {}
+    for cand in handle.config.candidates:
+        best = best_trial(handle.load(Phase.TUNE, cand.name), handle.config)
+        if best is None or not best.user_attrs.get(Attr.RUN):
+            continue
+        run_id = best.user_attrs[Attr.RUN]
+        try:
+            config = handle.tracker.client.download_artifacts(run_id, "config.yaml")
+        except Exception:  # a run recorded before configs were logged, or a store out of reach
+            continue
+        data = yaml.safe_load(Path(config).read_text())
+        data.pop("tracking", None)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{cand.name}.yaml"
+        path.write_text(f"# Best tuning trial #{best.number} of candidate {cand.name} in study "
+                        f"{handle.name} (MLflow run {run_id}).\n"
+                        + yaml.safe_dump(data, sort_keys=False))
+        out[cand.name] = path
+    return out

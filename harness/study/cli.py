@@ -26,11 +26,19 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _quiet() -> None:
-    """Optuna configures its own logger when first used: keep it to warnings."""
+def _quiet(workers: bool = False) -> None:
+    """Optuna configures its own logger when first used: keep it to warnings (and a worker's
+    Lightning output to one line per trial)."""
+    import logging
+
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if workers:
+        import lightning.pytorch  # noqa: F401  (it sets its loggers' levels on import)
+
+        for name in ("lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -38,15 +46,18 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     create or resume the study."""
     from harness.study.schema import load_study_config
 
-    cfg = load_study_config(args.file, args.study_name, args.set)
+    cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
+    if cfg.profile:
+        print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     _say(f"study '{cfg.name}': checking {len(cfg.candidates)} candidate(s) against the "
          f"installed plugins (loads torch) ...")
     from harness.study.space import load_registry, validate
 
     space = validate(cfg, load_registry(cfg))
+    _warn_seeds(cfg)
     from harness.study.storage import create_or_resume, default_storage_url, open_storage, redact
 
-    _quiet()
+    _quiet(workers=True)
     url = args.storage or default_storage_url()
     _say(f"study '{cfg.name}': opening the Optuna storage {redact(url)} and the MLflow store ...")
     r = cfg.resume
@@ -58,6 +69,22 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     return handle, space
 
 
+def _warn_seeds(cfg: Any) -> None:
+    """Before anything trains: say so when the confirmation seeds are too few for the study's
+    test to resolve any difference (Holm over every pair of candidates)."""
+    import sys
+
+    from harness.stats import resolution_floor
+
+    k = len(cfg.candidates)
+    if k < 2:
+        return
+    floor = resolution_floor(cfg.confirm.test, cfg.confirm.seeds, k * (k - 1) // 2,
+                             round(1 - cfg.confirm.confidence, 12))
+    if not floor.possible:
+        print(f"warning: {floor.sentence()}", file=sys.stderr, flush=True)
+
+
 def cmd_study_create(args: argparse.Namespace) -> int:
     _say(f"reading {args.file} ...")
     handle, _ = _prepare(args)
@@ -67,6 +94,9 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
+    from harness.report.export import parse_formats
+
+    formats = parse_formats(args.format)  # a typo fails now, not after the training
     _say(f"reading {args.file} ...")
     handle, space = _prepare(args)
     from harness.study.display import StudyDisplay
@@ -90,10 +120,11 @@ def cmd_study_run(args: argparse.Namespace) -> int:
         from harness.study.summary import write_summary
 
         if args.report:
-            from harness.report.write import write_report
+            from harness.report.write import write_report, written_files
 
-            out = write_report(handle, args.out)
-            print(f"report: {out / 'results.md'} (also logged to the parent run)")
+            out = write_report(handle, args.out, formats=formats)
+            print(f"report: {', '.join(map(str, written_files(out, formats)))} (also logged to "
+                  f"the parent run)")
         else:
             print(f"write the report with `harness report {handle.name}{storage}`")
         write_summary(handle)
@@ -146,17 +177,26 @@ def cmd_study_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.write import write_report
+    from harness.report.export import parse_formats
+    from harness.report.write import write_report, written_files
     from harness.study.summary import write_summary
 
+    formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
-    out = write_report(handle, args.out)
+    out = write_report(handle, args.out, formats=formats)
     write_summary(handle)
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
-    for name in ("results.md", "results.html", "summary.json"):
-        print(f"  {out / name}")
+    for path in written_files(out, formats):
+        print(f"  {path}")
     print(f"browse it with `harness ui --study {handle.name}`")
     return 0
+
+
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", action="append", default=None, metavar="FORMAT",
+                   help="md, html, csv, latex, json (repeat or give a comma list; default "
+                        "md,html,json). csv: candidates.csv and seeds.csv; latex: table.tex "
+                        "(booktabs)")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -169,6 +209,7 @@ def add_parsers(subparsers: Any) -> None:
     _file_args(p, "study YAML (see studies/quickstart.yaml)")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_study_run)
 
@@ -191,6 +232,7 @@ def add_parsers(subparsers: Any) -> None:
     hint(p.add_argument("study", help="study name"), "study")
     p.add_argument("--out", default=None,
                    help="report folder (default: $HARNESS_HOME/reports/<study>)")
+    _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_report)
 
@@ -198,5 +240,7 @@ def add_parsers(subparsers: Any) -> None:
 def _file_args(p: argparse.ArgumentParser, what: str) -> None:
     hint(p.add_argument("file", help=what), "yaml")
     p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the study file, e.g. --set budget.trials=8")

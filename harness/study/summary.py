@@ -86,18 +86,20 @@ class CandidateNumbers:
     by_length: dict[int, float | None] = field(default_factory=dict)  # None: not applicable
 
 
-def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str]:
-    """The adapter to the report: each candidate's numbers and the ranked table (Markdown)."""
-    from harness.report.collect import collect
-    from harness.report.render import ranked_table, render_markdown
+def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str]:
+    """The adapter to the report: each candidate's numbers, the ranked table (Markdown) and
+    the interval's method (``95% Student t``)."""
+    from harness.report.render import methods, ranked_table, render_markdown
+    from harness.report.write import analysed
 
-    lengths = tuple(int(n) for n in handle.record["eval_lengths"])
-    results = collect(handle, lengths)
-    objective_length = handle.config.objective.length or int(handle.record["train_length"])
-    table = render_markdown([ranked_table(handle, results, objective_length)])
-    numbers = [CandidateNumbers(r.name, r.rank, r.mean, (r.ci[0], r.ci[1]), dict(r.values),
-                                dict(r.by_length)) for r in results]
-    return numbers, table
+    results, verdict, proto = analysed(handle, settle=False)
+    table = render_markdown([ranked_table(results, verdict, proto)])
+    numbers = []
+    for r in results:
+        ci = (r.interval.low, r.interval.high) if r.interval is not None else (math.nan, math.nan)
+        numbers.append(CandidateNumbers(r.name, math.nan if r.rank is None else float(r.rank),
+                                        r.mean, ci, r.values(), dict(r.by_length)))
+    return numbers, table, methods(results, proto)
 
 
 def summary_metrics(config: StudyConfig, numbers: list[CandidateNumbers]
@@ -118,7 +120,7 @@ def summary_metrics(config: StudyConfig, numbers: list[CandidateNumbers]
     return flat, curves
 
 
-def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str) -> str:
+def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, method: str) -> str:
     """The parent run's description (Markdown)."""
     cfg = handle.config
     length = cfg.objective.length or int(handle.record["train_length"])
@@ -126,7 +128,7 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str) -> st
     complete = all(len(c.seeds) == cfg.confirm.seeds for c in numbers)
     lines = [
         f"**Study {handle.name}**: {cfg.objective.direction} val/{cfg.objective.metric} at "
-        f"evaluation length {length}; mean and {cfg.confirm.confidence:.0%} bootstrap interval "
+        f"evaluation length {length}; mean and {method} interval "
         f"over the confirmation seeds ({seeds}); Δ and p against the baseline {cfg.baseline} "
         f"on matched seeds."
         + ("" if complete else " **Not every confirmation seed has finished.**"),
@@ -147,7 +149,7 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str) -> st
 def write_summary(handle: StudyHandle) -> None:
     """Log the summary to the parent run: metrics that changed, the per-length curves and the
     description (repeating it with the same numbers logs nothing new)."""
-    numbers, table = report_numbers(handle)
+    numbers, table, method = report_numbers(handle)
     flat, curves = summary_metrics(handle.config, numbers)
     run = handle.tracker.client.get_run(handle.parent_run_id)
     logged = run.data.metrics
@@ -158,6 +160,6 @@ def write_summary(handle: StudyHandle) -> None:
     new_curves = {k: points for k, points in curves.items() if k.split("/", 1)[0] in touched}
     if new_curves:
         handle.tracker.log_series(handle.parent_run_id, new_curves)
-    text = note(handle, numbers, table)
+    text = note(handle, numbers, table, method)
     if run.data.tags.get(NOTE_TAG) != text:
         handle.tracker.set_tags(handle.parent_run_id, {NOTE_TAG: text})

@@ -10,7 +10,6 @@ parent MLflow run's status in step.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import socket
@@ -204,8 +203,7 @@ def _job_run_config(handle: StudyHandle, space: StudySpace, job: Job, trial: Any
             f"candidate '{job.cand.name}' has no completed tuning trial (all failed or were "
             f"pruned), so there is no configuration to confirm; see `harness study status`."
         )
-    run = copy.deepcopy(best.user_attrs[Attr.CONFIG])
-    run["train"]["seed"] = int(job.trial.user_attrs[Attr.SEED])
+    run = space.confirm_run_config(best.user_attrs[Attr.CONFIG], int(job.trial.user_attrs[Attr.SEED]))
     trial.set_user_attr(Attr.TUNING_TRIAL, best.number)
     return dict(run)
 

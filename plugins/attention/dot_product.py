@@ -6,68 +6,43 @@ no learned query/key projections and no 1/√d temperature. This is what separat
 at width d the logits grow like d, so the softmax saturates sooner, which is the point of
 the comparison. Values and the output keep the harness's learned projections (Luong's
 context vector passes through W_c before the output in the same way). It runs on PyTorch's
-fused attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
+fused attention kernels with ``scale=1`` (``harness.plugin.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; ``heads = n`` splits the states into n slices of width d/n, each scored against the
 same slice of the keys. Position hooks still act per model head: queries/keys are regrouped
 into the model's heads for rotations, and per-head score biases are averaged over the
-model heads (see ``harness.nn.Attention``), so it pairs with every position scheme.
+model heads (see ``harness.plugin.Attention``), so it pairs with every position scheme.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import FloatRange
-from harness.registry import AttentionSpec
+from torch import nn
+
+from harness.plugin import AttentionConfig, AttentionSpec, FusedDotProductAttention, Ge, hookimpl
 
 
 @dataclass
-class DotProductConfig:
-    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
-    heads: int = 1  # the classic is single-head; not the model's head count
-    bias: bool = True  # biases in the value and output projections
+class DotProductConfig(AttentionConfig):
+    """``bias``: biases in the value and output projections (queries and keys have none)."""
 
-    def __post_init__(self) -> None:
-        if self.heads < 1:
-            raise ValueError(f"heads ({self.heads}) must be >= 1.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+    heads: Annotated[int, Ge(1)] = 1  # the classic is single-head; not the model's head count
 
 
-def build(config: DotProductConfig, *, d_model: int, num_heads: int) -> Any:
-    return module_class()(
-        d_model, config.heads, dropout=config.dropout, bias=config.bias, position_heads=num_heads
-    )
+class DotProductAttention(FusedDotProductAttention):
+    """Luong dot attention: unscaled h_tᵀ h_s, no query/key projections."""
+
+    score_scale = 1.0  # unscaled
+
+    def __init__(self, config: DotProductConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, config.heads, dropout=config.dropout, bias=config.bias,
+                         position_heads=num_heads)
+        self.q_proj = self.k_proj = nn.Identity()  # compare the states themselves
 
 
-@cache
-def module_class() -> type:
-    from torch import nn
-
-    from harness.nn.attention import FusedDotProductAttention
-
-    class DotProductAttention(FusedDotProductAttention):
-        score_scale = 1.0  # unscaled
-
-        def __init__(self, d_model: int, num_heads: int, **kwargs: Any) -> None:
-            super().__init__(d_model, num_heads, **kwargs)
-            self.q_proj = self.k_proj = nn.Identity()  # compare the states themselves
-
-    return DotProductAttention
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(
-        AttentionSpec(
-            name="dot_product",
-            build=build,
-            config=DotProductConfig,
-            description="Luong dot attention: unscaled h_tᵀ h_s, no query/key projections.",
-        )
-    )
+    register(AttentionSpec(name="dot_product", build=DotProductAttention))

@@ -6,69 +6,46 @@ a key-side bias b would add h_tᵀ b, the same for every key, which the softmax 
 W_a = ``k_proj.weight``. Compared with ``scaled_dot_product``
 it learns one full-rank bilinear form instead of the factored W_qᵀ W_k, and it is unscaled.
 Values and the output keep the harness's learned projections. It runs on PyTorch's fused
-attention kernels with ``scale=1`` (``harness.nn.attention.FusedDotProductAttention``).
+attention kernels with ``scale=1`` (``harness.plugin.FusedDotProductAttention``).
 
 Heads: the classic is single-head, so ``heads`` defaults to 1 and ignores the model's head
 count; with ``heads = n`` head h scores slice h of the query state against slice h of
 W_a h_s (n bilinear forms of shape d/n x d). Position hooks act per model head (regrouped
-queries/keys, averaged per-head biases; see ``harness.nn.Attention``), so it pairs with
+queries/keys, averaged per-head biases; see ``harness.plugin.Attention``), so it pairs with
 every position scheme.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import FloatRange
-from harness.registry import AttentionSpec
+from torch import nn
+
+from harness.plugin import AttentionConfig, AttentionSpec, FusedDotProductAttention, Ge, hookimpl
 
 
+# The same skeleton as dot_product.py (both are single-head Luong variants); built-ins import
+# only harness.plugin, as third-party plugins do, so these few lines are not shared.
 @dataclass
-class GeneralConfig:
-    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
-    heads: int = 1  # the classic is single-head; not the model's head count
-    bias: bool = True  # biases in the value and output projections (W_a has none)
+class GeneralConfig(AttentionConfig):
+    """``bias``: biases in the value and output projections (W_a has none)."""
 
-    def __post_init__(self) -> None:
-        if self.heads < 1:
-            raise ValueError(f"heads ({self.heads}) must be >= 1.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+    heads: Annotated[int, Ge(1)] = 1  # the classic is single-head; not the model's head count
 
 
-def build(config: GeneralConfig, *, d_model: int, num_heads: int) -> Any:
-    return module_class()(
-        d_model, config.heads, dropout=config.dropout, bias=config.bias, position_heads=num_heads
-    )
+class GeneralAttention(FusedDotProductAttention):
+    """Luong general attention: bilinear h_tᵀ W_a h_s, unscaled."""
+
+    score_scale = 1.0  # unscaled
+
+    def __init__(self, config: GeneralConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, config.heads, dropout=config.dropout, bias=config.bias,
+                         position_heads=num_heads)
+        self.q_proj = nn.Identity()
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)  # W_a
 
 
-@cache
-def module_class() -> type:
-    from torch import nn
-
-    from harness.nn.attention import FusedDotProductAttention
-
-    class GeneralAttention(FusedDotProductAttention):
-        score_scale = 1.0  # unscaled
-
-        def __init__(self, d_model: int, num_heads: int, **kwargs: Any) -> None:
-            super().__init__(d_model, num_heads, **kwargs)
-            self.q_proj = nn.Identity()
-            self.k_proj = nn.Linear(d_model, d_model, bias=False)  # W_a
-
-    return GeneralAttention
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(
-        AttentionSpec(
-            name="general",
-            build=build,
-            config=GeneralConfig,
-            description="Luong general attention: bilinear h_tᵀ W_a h_s, unscaled.",
-        )
-    )
+    register(AttentionSpec(name="general", build=GeneralAttention))

@@ -33,12 +33,22 @@ the same normaliser. Weights (``need_weights``) are formed explicitly for loggin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import FloatRange
-from harness.registry import AttentionSpec
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from harness.plugin import (
+    Attention,
+    AttentionCache,
+    AttentionConfig,
+    AttentionSpec,
+    Complexity,
+    Ge,
+    allowed_mask,
+    hookimpl,
+)
 
 WHY_NOT_BIAS = (
     "linear attention never forms the score matrix (it sums φ(k)vᵀ over keys), so there "
@@ -47,136 +57,121 @@ WHY_NOT_BIAS = (
 
 
 @dataclass
-class LinearConfig:
-    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # drops whole keys per head
-    chunk: int = 64  # block length of the causal prefix sums (speed only, same result)
-    bias: bool = True  # biases in the projections
+class LinearConfig(AttentionConfig):
+    """``dropout`` drops whole keys per head (there are no weights to drop)."""
 
-    def __post_init__(self) -> None:
-        if self.chunk < 1:
-            raise ValueError(f"chunk ({self.chunk}) must be >= 1.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+    chunk: Annotated[int, Ge(1)] = 64  # block length of the causal prefix sums (speed only, same result)
 
 
-def build(config: LinearConfig, *, d_model: int, num_heads: int) -> Any:
-    return module_class()(
-        d_model, num_heads, chunk=config.chunk, dropout=config.dropout, bias=config.bias
-    )
+def feature(x: Tensor) -> Tensor:
+    return F.elu(x) + 1.0
 
 
-@cache
-def module_class() -> type:
-    import torch
-    import torch.nn.functional as F
-    from torch import Tensor
+def normalise(num: Tensor, den: Tensor) -> Tensor:
+    """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
 
-    from harness.nn.attention import Attention, AttentionCache, allowed_mask
 
-    def feature(x: Tensor) -> Tensor:
-        return F.elu(x) + 1.0
+def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
+    """Every query sees every key (plus the cached sums, when decoding)."""
+    kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
+    if state is not None:
+        if "kv" in state:
+            kv, z = kv + state["kv"], z + state["z"]
+        state["kv"], state["z"] = kv, z
+    return normalise(fq @ kv, fq @ z.unsqueeze(-1))
 
-    def normalise(num: Tensor, den: Tensor) -> Tensor:
-        """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
-        return num / torch.where(den > 0, den, torch.ones_like(den))
 
-    def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
-        """Every query sees every key (plus the cached sums, when decoding)."""
-        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
-        if state is not None:
-            if "kv" in state:
-                kv, z = kv + state["kv"], z + state["z"]
-            state["kv"], state["z"] = kv, z
-        return normalise(fq @ kv, fq @ z.unsqueeze(-1))
+def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
+    """Query i sees keys j <= i: running sums across blocks, a triangle within one."""
+    b, h, n, d = fq.shape
+    if state and "kv" in state:
+        kv, z = state["kv"], state["z"]
+    else:
+        kv, z = fq.new_zeros(b, h, d, v.shape[-1]), fq.new_zeros(b, h, d)
+    later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)
+    outs = []
+    for s in range(0, n, chunk):
+        qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
+        m = qc.shape[2]
+        local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:m, :m], 0.0)
+        num = qc @ kv + local @ vc
+        den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
+        outs.append(normalise(num, den))
+        kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+    if state is not None:
+        state["kv"], state["z"] = kv, z
+    return torch.cat(outs, dim=2)
 
-    def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
-        """Query i sees keys j <= i: running sums across blocks, a triangle within one."""
-        b, h, n, d = fq.shape
-        if state and "kv" in state:
-            kv, z = state["kv"], state["z"]
+
+class LinearAttention(Attention):
+    """Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding."""
+
+    memory_state = True  # the sums over the memory, kept by the cross cache
+    position_hooks = frozenset({"embedding", "qk"})
+    why_not = {"bias": WHY_NOT_BIAS}
+    # chunked prefix sums: L x chunk work; decoding keeps the running sums only
+    complexity = Complexity(time="L", memory="L", decode="1", state="1")
+
+    def __init__(self, config: LinearConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
+        self.chunk = config.chunk
+
+    def state_size(self, length: int) -> int:
+        """The running sums, whatever the length: Σ φ(k) vᵀ (H x Dk x Dv) and Σ φ(k) (H x Dk)."""
+        if length <= 0:
+            return 0
+        return self.num_heads * self.qk_dim * (self.v_dim + 1)
+
+    def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
+                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        # Keys and values are folded into the running sums by attend(); keep nothing else.
+        cache.length = int(k_pos[-1].item()) + 1
+        return k, v, k_pos, key_padding_mask
+
+    def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
+               state=None, cross=False):
+        if bias is not None:
+            raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
+        if need_weights and state is not None and not cross:
+            raise ValueError("linear attention cannot return weights during cached decoding: "
+                             "the cache keeps running sums, not keys. Run a full pass.")
+        dropping = self.training and bool(self.dropout)
+        fq = feature(q)
+        # Cached cross-attention: the sums over the memory, computed on the first step.
+        # (Not under key dropout, which draws new keys to drop at every call.)
+        memo = state if (cross and state is not None and not dropping) else None
+        if memo is not None and "kv" in memo and not need_weights:
+            return normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
+        fk = feature(k)
+        keep = None
+        if key_padding_mask is not None:
+            keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
+        if dropping:
+            kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
+            keep = kept if keep is None else keep & kept
+        if keep is not None:
+            fk = fk * keep.to(fk.dtype)
+        if causal:
+            if q.shape[2] != k.shape[2]:
+                raise ValueError("causal linear attention needs one key per query position.")
+            out = prefix_sums(fq, fk, v, state, self.chunk)
+        elif memo is not None:
+            if "kv" not in memo:
+                memo["kv"], memo["z"] = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
+            out = normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
         else:
-            kv, z = fq.new_zeros(b, h, d, v.shape[-1]), fq.new_zeros(b, h, d)
-        later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)
-        outs = []
-        for s in range(0, n, chunk):
-            qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
-            m = qc.shape[2]
-            local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:m, :m], 0.0)
-            num = qc @ kv + local @ vc
-            den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
-            outs.append(normalise(num, den))
-            kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
-        if state is not None:
-            state["kv"], state["z"] = kv, z
-        return torch.cat(outs, dim=2)
-
-    class LinearAttention(Attention):
-        memory_state = True  # the sums over the memory, kept by the cross cache
-
-        def __init__(self, d_model: int, num_heads: int, *, chunk: int, **kwargs: Any) -> None:
-            super().__init__(d_model, num_heads, **kwargs)
-            self.chunk = chunk
-
-        def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
-                         key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-            # Keys and values are folded into the running sums by attend(); keep nothing else.
-            cache.length = int(k_pos[-1].item()) + 1
-            return k, v, k_pos, key_padding_mask
-
-        def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
-                   state=None, cross=False):
-            if bias is not None:
-                raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
-            if need_weights and state is not None and not cross:
-                raise ValueError("linear attention cannot return weights during cached decoding: "
-                                 "the cache keeps running sums, not keys. Run a full pass.")
-            dropping = self.training and bool(self.dropout)
-            fq = feature(q)
-            # Cached cross-attention: the sums over the memory, computed on the first step.
-            # (Not under key dropout, which draws new keys to drop at every call.)
-            memo = state if (cross and state is not None and not dropping) else None
-            if memo is not None and "kv" in memo and not need_weights:
-                return normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
-            fk = feature(k)
-            keep = None
-            if key_padding_mask is not None:
-                keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
-            if dropping:
-                kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
-                keep = kept if keep is None else keep & kept
-            if keep is not None:
-                fk = fk * keep.to(fk.dtype)
-            if causal:
-                if q.shape[2] != k.shape[2]:
-                    raise ValueError("causal linear attention needs one key per query position.")
-                out = prefix_sums(fq, fk, v, state, self.chunk)
-            elif memo is not None:
-                if "kv" not in memo:
-                    memo["kv"], memo["z"] = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
-                out = normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
-            else:
-                out = global_sums(fq, fk, v, None if cross else state)
-            weights = None
-            if need_weights:
-                kernel = fq @ fk.transpose(-2, -1)
-                allowed = allowed_mask(q_pos, k_pos, causal=causal)
-                if allowed is not None:
-                    kernel = kernel.masked_fill(~allowed, 0.0)
-                weights = normalise(kernel, kernel.sum(dim=-1, keepdim=True))
-            return out, weights
-
-    return LinearAttention
+            out = global_sums(fq, fk, v, None if cross else state)
+        weights = None
+        if need_weights:
+            kernel = fq @ fk.transpose(-2, -1)
+            allowed = allowed_mask(q_pos, k_pos, causal=causal)
+            if allowed is not None:
+                kernel = kernel.masked_fill(~allowed, 0.0)
+            weights = normalise(kernel, kernel.sum(dim=-1, keepdim=True))
+        return out, weights
 
 
-@harness.hookimpl
+@hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(
-        AttentionSpec(
-            name="linear",
-            build=build,
-            config=LinearConfig,
-            position_hooks=frozenset({"embedding", "qk"}),
-            why_not={"bias": WHY_NOT_BIAS},
-            description="Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding.",
-        )
-    )
+    register(AttentionSpec(name="linear", build=LinearAttention))

@@ -8,7 +8,7 @@ Heads: it is the single-head layer, so ``heads`` defaults to 1 (d_k = d_model) a
 the model's head count; ``heads = n`` gives the multi-head form. Comparing it with
 ``multi_head`` asks whether several heads matter at equal width. Position hooks act per
 model head (regrouped queries/keys, averaged per-head biases; see
-``harness.nn.Attention``), so it pairs with every position scheme.
+``harness.plugin.Attention``), so it pairs with every position scheme.
 
 ``tied_qk`` shares one projection between queries and keys, so a study can ask whether the
 query/key distinction matters.
@@ -17,52 +17,35 @@ query/key distinction matters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import Choice, FloatRange
-from harness.registry import AttentionSpec
+from harness.plugin import (
+    AttentionConfig,
+    AttentionSpec,
+    Choice,
+    FusedDotProductAttention,
+    Ge,
+    hookimpl,
+)
 
 
 @dataclass
-class ScaledDotProductConfig:
-    dropout: Annotated[float, FloatRange(0.0, 0.3)] = 0.0  # on attention weights
+class ScaledDotProductConfig(AttentionConfig):
     tied_qk: Annotated[bool, Choice((False, True))] = False  # one projection for q and k
-    heads: int = 1  # the single-head layer; not the model's head count
-    bias: bool = True  # biases in the projections
-
-    def __post_init__(self) -> None:
-        if self.heads < 1:
-            raise ValueError(f"heads ({self.heads}) must be >= 1.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout ({self.dropout}) must be in [0, 1).")
+    heads: Annotated[int, Ge(1)] = 1  # the single-head layer; not the model's head count
 
 
-def build(config: ScaledDotProductConfig, *, d_model: int, num_heads: int) -> Any:
-    return module_class()(
-        d_model, config.heads, dropout=config.dropout, tied_qk=config.tied_qk,
-        bias=config.bias, position_heads=num_heads,
-    )
+class ScaledDotProductAttention(FusedDotProductAttention):
+    """Single-head softmax(QKᵀ/√d_k)V on the fused kernels; tied_qk option.
+
+    Scores scaled by 1/√d_k; ``heads`` heads (default one of width d_model).
+    """
+
+    def __init__(self, config: ScaledDotProductConfig, *, d_model: int, num_heads: int) -> None:
+        super().__init__(d_model, config.heads, dropout=config.dropout, tied_qk=config.tied_qk,
+                         bias=config.bias, position_heads=num_heads)
 
 
-@cache
-def module_class() -> type:
-    from harness.nn.attention import FusedDotProductAttention
-
-    class ScaledDotProductAttention(FusedDotProductAttention):
-        """Scores scaled by 1/√d_k; ``heads`` heads (default one of width d_model)."""
-
-    return ScaledDotProductAttention
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_attention(register: Any) -> None:
-    register(
-        AttentionSpec(
-            name="scaled_dot_product",
-            build=build,
-            config=ScaledDotProductConfig,
-            description="Single-head softmax(QKᵀ/√d_k)V on the fused kernels; tied_qk option.",
-        )
-    )
+    register(AttentionSpec(name="scaled_dot_product", build=ScaledDotProductAttention))

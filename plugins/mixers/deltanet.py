@@ -50,8 +50,8 @@ from typing import Annotated, Any
 
 from torch import Tensor, nn
 
-from harness.nn import linear_recurrence as lr
 from harness.plugin import Complexity, Ge, Gt, Le, MixerSpec, hookimpl
+from harness.plugin import linear_recurrence as lr
 
 WHY_NOT_BIAS = ("the delta rule never forms the score matrix (it keeps a fast-weight "
                 "memory), so there is no score to add a bias to")

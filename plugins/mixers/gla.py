@@ -45,8 +45,8 @@ from typing import Annotated, Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn import linear_recurrence as lr
 from harness.plugin import Complexity, FloatRange, Ge, Gt, Le, MixerSpec, hookimpl
+from harness.plugin import linear_recurrence as lr
 
 
 @dataclass

@@ -53,8 +53,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv
-from harness.plugin import Complexity, Mixer, MixerSpec, hookimpl
+from harness.plugin import (
+    Complexity,
+    DiagonalSSM,
+    DiagonalSSMConfig,
+    Mixer,
+    MixerSpec,
+    causal_fft_conv,
+    hookimpl,
+)
 
 WHY_NOT = {
     "qk": "H3's queries and keys never meet in a score (they interact only through its SSMs), so a rotation has nothing to act on",

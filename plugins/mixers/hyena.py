@@ -59,7 +59,6 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.nn.ssm import causal_fft_conv, compute_dtype
 from harness.plugin import (
     Choice,
     Complexity,
@@ -71,6 +70,8 @@ from harness.plugin import (
     Lt,
     Mixer,
     MixerSpec,
+    causal_fft_conv,
+    compute_dtype,
     hookimpl,
 )
 

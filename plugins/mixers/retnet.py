@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn import linear_recurrence as lr
 from harness.plugin import Complexity, Ge, IntRange, Le, MixerSpec, hookimpl
+from harness.plugin import linear_recurrence as lr
 
 
 @dataclass

@@ -42,8 +42,18 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv
-from harness.plugin import Complexity, FloatRange, Ge, Lt, Mixer, MixerSpec, hookimpl
+from harness.plugin import (
+    Complexity,
+    DiagonalSSM,
+    DiagonalSSMConfig,
+    FloatRange,
+    Ge,
+    Lt,
+    Mixer,
+    MixerSpec,
+    causal_fft_conv,
+    hookimpl,
+)
 
 WHY_NOT = {
     "qk": "S4D forms no queries or keys to rotate (it convolves each channel with an SSM kernel)",

@@ -3,58 +3,24 @@
 Embedding -> GRU layers -> linear head (optionally tied to the embedding). It runs at any
 length, decodes incrementally (its cache is the recurrent state), and classifies a sequence
 from the state after its last token. Seq2seq tasks reach it as ``src SEP tgt``.
-The shared code is :class:`harness.nn.recurrent.RecurrentLM`.
+The shared code (and the config: width, layers, dropout, tie_embeddings) is
+:class:`harness.plugin.RecurrentLM`; ``lstm`` is the same model with an LSTM cell.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache
-from typing import Annotated, Any
+from typing import Any
 
-import harness
-from harness.params import Choice, FloatRange, IntRange
-from harness.registry import ModelSpec
+from harness.plugin import ModelSpec, RecurrentLM, hookimpl
 
 
-@dataclass
-class GruConfig:
-    width: Annotated[int, Choice((32, 64, 128, 256, 512))] = 128  # embedding and state size
-    layers: Annotated[int, IntRange(1, 4)] = 2
-    dropout: Annotated[float, FloatRange(0.0, 0.5)] = 0.0  # on embeddings, between layers, on outputs
-    tie_embeddings: Annotated[bool, Choice((True, False))] = True
+class GRU(RecurrentLM):
+    """Recurrent GRU language model / classifier (layers, width, dropout)."""
 
-    def __post_init__(self) -> None:
-        if self.width < 1 or self.layers < 1:
-            raise ValueError(f"width and layers must be positive, got {self.width} and {self.layers}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+    cell = "gru"
 
 
-def build(config: GruConfig, *, task: Any, attention: Any = None, position: Any = None) -> Any:
-    return module_class()(
-        "gru", vocab_size=task.vocab_size, width=config.width, layers=config.layers,
-        dropout=config.dropout, tie_embeddings=config.tie_embeddings,
-        num_classes=task.num_classes if task.format == "classification" else None,
-    )
-
-
-@cache
-def module_class() -> type:
-    from harness.nn.recurrent import RecurrentLM
-
-    return RecurrentLM
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_model(register: Any) -> None:
-    register(
-        ModelSpec(
-            name="gru",
-            build=build,
-            config=GruConfig,
-            task_kinds=frozenset({"lm", "classification"}),
-            width_param="width",
-            description="Recurrent GRU language model / classifier (layers, width, dropout).",
-        )
-    )
+    register(ModelSpec(name="gru", build=GRU, task_kinds=frozenset({"lm", "classification"}),
+                       width_param="width"))

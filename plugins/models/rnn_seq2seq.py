@@ -26,13 +26,27 @@ The decoder runs step by step (a Python loop over target positions) in both case
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.data import BOS, EOS, PAD
-from harness.params import Choice, FloatRange, IntRange
-from harness.registry import ModelSpec
+import torch
+from torch import Tensor, nn
+
+from harness.plugin import (
+    BOS,
+    EOS,
+    PAD,
+    AttentionCache,
+    BidirectionalEncoder,
+    Choice,
+    FloatRange,
+    Ge,
+    IntRange,
+    Lt,
+    ModelSpec,
+    TaskInfo,
+    hookimpl,
+    make_rnn,
+)
 
 STYLES = ("bahdanau", "luong")
 
@@ -41,12 +55,13 @@ STYLES = ("bahdanau", "luong")
 class RNNSeq2SeqConfig:
     cell: Annotated[str, Choice(("gru", "lstm"))] = "gru"
     style: Annotated[str, Choice(STYLES)] = "bahdanau"  # how attention is wired (see above)
-    embed_dim: Annotated[int, Choice((32, 64, 128, 256))] = 64
-    hidden: Annotated[int, Choice((32, 64, 128, 256, 512))] = 128  # decoder state and annotation width
-    encoder_layers: Annotated[int, IntRange(1, 4)] = 1
-    decoder_layers: Annotated[int, IntRange(1, 4)] = 1
-    heads: Annotated[int, Choice((1, 2, 4))] = 1  # heads of the attention variant (1 in the papers)
-    dropout: Annotated[float, FloatRange(0.0, 0.5)] = 0.0
+    embed_dim: Annotated[int, Ge(1), Choice((32, 64, 128, 256))] = 64
+    # decoder state and annotation width (hidden / 2 per encoder direction: even)
+    hidden: Annotated[int, Ge(2), Choice((32, 64, 128, 256, 512))] = 128
+    encoder_layers: Annotated[int, Ge(1), IntRange(1, 4)] = 1
+    decoder_layers: Annotated[int, Ge(1), IntRange(1, 4)] = 1
+    heads: Annotated[int, Ge(1), Choice((1, 2, 4))] = 1  # heads of the attention variant (1 in the papers)
+    dropout: Annotated[float, Ge(0.0), Lt(1.0), FloatRange(0.0, 0.5)] = 0.0
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -55,141 +70,126 @@ class RNNSeq2SeqConfig:
             raise ValueError(f"hidden ({self.hidden}) must be even: each encoder direction has hidden / 2")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
 
 
-def build(config: RNNSeq2SeqConfig, *, task: Any, attention: Any, position: Any = None) -> Any:
-    return module_class()(config, task.vocab_size, attention)
+class RNNSeq2Seq(nn.Module):
+    """Bidirectional RNN encoder + RNN decoder with optional attention (RNNsearch: Bahdanau / Luong)."""
 
+    def __init__(self, config: RNNSeq2SeqConfig, *, task: TaskInfo, attention: Any,
+                 position: Any = None) -> None:
+        super().__init__()
+        cfg, vocab_size = config, task.vocab_size
+        h, e = cfg.hidden, cfg.embed_dim
+        self.cfg = cfg
+        self.embed = nn.Embedding(vocab_size, e)  # source and target share the vocabulary
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = BidirectionalEncoder(cfg.cell, e, h // 2, cfg.encoder_layers, cfg.dropout)
+        self.bridge = nn.Linear(h, cfg.decoder_layers * h)
+        self.bridge_cell = nn.Linear(h, cfg.decoder_layers * h) if cfg.cell == "lstm" else None
+        self.attention = attention(h, cfg.heads) if attention is not None else None
+        ctx = h if self.attention is not None else 0
+        if cfg.style == "bahdanau":
+            self.rnn = make_rnn(cfg.cell, e + ctx, h, cfg.decoder_layers, cfg.dropout)
+            self.readout = nn.Linear(h + e + ctx, 2 * e)  # maxout over pairs -> e
+            self.head = nn.Linear(e, vocab_size)
+        else:
+            self.rnn = make_rnn(cfg.cell, e + h, h, cfg.decoder_layers, cfg.dropout)
+            self.combine = nn.Linear(ctx + h, h)
+            self.head = nn.Linear(h, vocab_size)
 
-@cache
-def module_class() -> type:
-    import torch
-    from torch import Tensor, nn
+    # -- encoder ---------------------------------------------------------------------
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None) -> tuple[Tensor | None, Any]:
+        """Source -> (annotations (B, S, hidden) or None without attention, initial
+        decoder state)."""
+        annotations, final = self.encoder(self.drop(self.embed(src)), src_padding_mask)
+        top_h = final[0][-1] if isinstance(final, tuple) else final[-1]  # (B, hidden)
+        state: Any = self._bridge(self.bridge, top_h)
+        if self.bridge_cell is not None:
+            state = (state, self._bridge(self.bridge_cell, final[1][-1]))
+        return (annotations if self.attention is not None else None), state
 
-    from harness.nn.attention import AttentionCache
-    from harness.nn.recurrent import BidirectionalEncoder, make_rnn
+    def _bridge(self, layer: nn.Module, top: Tensor) -> Tensor:
+        layers = self.cfg.decoder_layers
+        return torch.tanh(layer(top)).view(top.shape[0], layers, -1).transpose(0, 1).contiguous()
 
-    class RNNSeq2Seq(nn.Module):
-        def __init__(self, cfg: RNNSeq2SeqConfig, vocab_size: int, attention: Any) -> None:
-            super().__init__()
-            h, e = cfg.hidden, cfg.embed_dim
-            self.cfg = cfg
-            self.embed = nn.Embedding(vocab_size, e)  # source and target share the vocabulary
-            self.drop = nn.Dropout(cfg.dropout)
-            self.encoder = BidirectionalEncoder(cfg.cell, e, h // 2, cfg.encoder_layers, cfg.dropout)
-            self.bridge = nn.Linear(h, cfg.decoder_layers * h)
-            self.bridge_cell = nn.Linear(h, cfg.decoder_layers * h) if cfg.cell == "lstm" else None
-            self.attention = attention(h, cfg.heads) if attention is not None else None
-            ctx = h if self.attention is not None else 0
-            if cfg.style == "bahdanau":
-                self.rnn = make_rnn(cfg.cell, e + ctx, h, cfg.decoder_layers, cfg.dropout)
-                self.readout = nn.Linear(h + e + ctx, 2 * e)  # maxout over pairs -> e
-                self.head = nn.Linear(e, vocab_size)
-            else:
-                self.rnn = make_rnn(cfg.cell, e + h, h, cfg.decoder_layers, cfg.dropout)
-                self.combine = nn.Linear(ctx + h, h)
-                self.head = nn.Linear(h, vocab_size)
+    # -- decoder ---------------------------------------------------------------------
+    def _attend(self, query: Tensor, memory: Tensor | None, mask: Tensor | None,
+                cross_cache: Any, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if self.attention is None or memory is None:
+            return query.new_zeros(query.shape[0], 0), None
+        ctx, weights = self.attention(query[:, None], memory, key_padding_mask=mask,
+                                      cache=cross_cache, need_weights=need_weights)
+        return ctx[:, 0], weights
 
-        # -- encoder ---------------------------------------------------------------------
-        def encode(self, src: Tensor, src_padding_mask: Tensor | None) -> tuple[Tensor | None, Any]:
-            """Source -> (annotations (B, S, hidden) or None without attention, initial
-            decoder state)."""
-            annotations, final = self.encoder(self.drop(self.embed(src)), src_padding_mask)
-            top_h = final[0][-1] if isinstance(final, tuple) else final[-1]  # (B, hidden)
-            state: Any = self._bridge(self.bridge, top_h)
-            if self.bridge_cell is not None:
-                state = (state, self._bridge(self.bridge_cell, final[1][-1]))
-            return (annotations if self.attention is not None else None), state
+    def step(self, y_prev: Tensor, state: Any, feed: Tensor, memory: Tensor | None,
+             mask: Tensor | None, cross_cache: Any,
+             need_weights: bool = False) -> tuple[Tensor, Any, Tensor, Tensor | None]:
+        """One decoder step from the previous token (B,). Returns logits (B, V), the new
+        state, the input-feeding vector (Luong; unused by Bahdanau) and the attention
+        weights (B, heads, 1, S) if asked."""
+        emb = self.drop(self.embed(y_prev))
+        if self.cfg.style == "bahdanau":
+            top = state[0][-1] if isinstance(state, tuple) else state[-1]
+            ctx, weights = self._attend(top, memory, mask, cross_cache, need_weights)
+            out, state = self.rnn(torch.cat([emb, ctx], -1)[:, None], state)
+            pre = self.readout(torch.cat([out[:, 0], emb, ctx], -1))
+            readout = pre.view(*pre.shape[:-1], -1, 2).amax(-1)
+            return self.head(self.drop(readout)), state, feed, weights
+        out, state = self.rnn(torch.cat([emb, feed], -1)[:, None], state)
+        ctx, weights = self._attend(out[:, 0], memory, mask, cross_cache, need_weights)
+        feed = torch.tanh(self.combine(torch.cat([ctx, out[:, 0]], -1)))
+        return self.head(self.drop(feed)), state, feed, weights
 
-        def _bridge(self, layer: nn.Module, top: Tensor) -> Tensor:
-            layers = self.cfg.decoder_layers
-            return torch.tanh(layer(top)).view(top.shape[0], layers, -1).transpose(0, 1).contiguous()
+    def _start(self, src: Tensor, src_padding_mask: Tensor | None) -> tuple[Any, ...]:
+        memory, state = self.encode(src, src_padding_mask)
+        feed = src.new_zeros(src.shape[0], self.cfg.hidden, dtype=self.embed.weight.dtype)
+        return memory, state, feed, AttentionCache()
 
-        # -- decoder ---------------------------------------------------------------------
-        def _attend(self, query: Tensor, memory: Tensor | None, mask: Tensor | None,
-                    cross_cache: Any, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-            if self.attention is None or memory is None:
-                return query.new_zeros(query.shape[0], 0), None
-            ctx, weights = self.attention(query[:, None], memory, key_padding_mask=mask,
-                                          cache=cross_cache, need_weights=need_weights)
-            return ctx[:, 0], weights
-
-        def step(self, y_prev: Tensor, state: Any, feed: Tensor, memory: Tensor | None,
-                 mask: Tensor | None, cross_cache: Any,
-                 need_weights: bool = False) -> tuple[Tensor, Any, Tensor, Tensor | None]:
-            """One decoder step from the previous token (B,). Returns logits (B, V), the new
-            state, the input-feeding vector (Luong; unused by Bahdanau) and the attention
-            weights (B, heads, 1, S) if asked."""
-            emb = self.drop(self.embed(y_prev))
-            if self.cfg.style == "bahdanau":
-                top = state[0][-1] if isinstance(state, tuple) else state[-1]
-                ctx, weights = self._attend(top, memory, mask, cross_cache, need_weights)
-                out, state = self.rnn(torch.cat([emb, ctx], -1)[:, None], state)
-                pre = self.readout(torch.cat([out[:, 0], emb, ctx], -1))
-                readout = pre.view(*pre.shape[:-1], -1, 2).amax(-1)
-                return self.head(self.drop(readout)), state, feed, weights
-            out, state = self.rnn(torch.cat([emb, feed], -1)[:, None], state)
-            ctx, weights = self._attend(out[:, 0], memory, mask, cross_cache, need_weights)
-            feed = torch.tanh(self.combine(torch.cat([ctx, out[:, 0]], -1)))
-            return self.head(self.drop(feed)), state, feed, weights
-
-        def _start(self, src: Tensor, src_padding_mask: Tensor | None) -> tuple[Any, ...]:
-            memory, state = self.encode(src, src_padding_mask)
-            feed = src.new_zeros(src.shape[0], self.cfg.hidden, dtype=self.embed.weight.dtype)
-            return memory, state, feed, AttentionCache()
-
-        def forward(self, src: Tensor, tgt_in: Tensor, src_padding_mask: Tensor | None = None,
-                    tgt_padding_mask: Tensor | None = None, *, return_attention: bool = False) -> Any:
-            """Teacher-forced logits (B, T, V); with ``return_attention`` also the decoder's
-            alignment, a one-element list holding (B, heads, T, S) (empty without attention)."""
-            memory, state, feed, cross_cache = self._start(src, src_padding_mask)
-            logits, maps = [], []
-            for t in range(tgt_in.shape[1]):
-                step_logits, state, feed, weights = self.step(
-                    tgt_in[:, t], state, feed, memory, src_padding_mask, cross_cache, return_attention)
-                logits.append(step_logits)
-                if weights is not None:
-                    maps.append(weights)
-            out = torch.stack(logits, dim=1)
-            if not return_attention:
-                return out
-            return out, ([torch.cat(maps, dim=2)] if maps else [])
-
-        @torch.no_grad()
-        def greedy_decode(self, src: Tensor, src_padding_mask: Tensor | None, max_len: int) -> Tensor:
-            """Free-running greedy outputs (B, max_len); stops once every row emitted EOS."""
-            memory, state, feed, cross_cache = self._start(src, src_padding_mask)
-            out = torch.full((src.shape[0], max_len), PAD, dtype=torch.long, device=src.device)
-            token = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
-            finished = torch.zeros_like(token, dtype=torch.bool)
-            for t in range(max_len):
-                logits, state, feed, _ = self.step(token, state, feed, memory, src_padding_mask,
-                                                   cross_cache)
-                token = logits.argmax(-1)
-                out[:, t] = token
-                finished |= token == EOS
-                if bool(finished.all()):
-                    break
+    def forward(self, src: Tensor, tgt_in: Tensor, src_padding_mask: Tensor | None = None,
+                tgt_padding_mask: Tensor | None = None, *, return_attention: bool = False) -> Any:
+        """Teacher-forced logits (B, T, V); with ``return_attention`` also the decoder's
+        alignment, a one-element list holding (B, heads, T, S) (empty without attention)."""
+        memory, state, feed, cross_cache = self._start(src, src_padding_mask)
+        logits, maps = [], []
+        for t in range(tgt_in.shape[1]):
+            step_logits, state, feed, weights = self.step(
+                tgt_in[:, t], state, feed, memory, src_padding_mask, cross_cache, return_attention)
+            logits.append(step_logits)
+            if weights is not None:
+                maps.append(weights)
+        out = torch.stack(logits, dim=1)
+        if not return_attention:
             return out
+        return out, ([torch.cat(maps, dim=2)] if maps else [])
 
-    return RNNSeq2Seq
+    @torch.no_grad()
+    def greedy_decode(self, src: Tensor, src_padding_mask: Tensor | None, max_len: int) -> Tensor:
+        """Free-running greedy outputs (B, max_len); stops once every row emitted EOS."""
+        memory, state, feed, cross_cache = self._start(src, src_padding_mask)
+        out = torch.full((src.shape[0], max_len), PAD, dtype=torch.long, device=src.device)
+        token = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
+        finished = torch.zeros_like(token, dtype=torch.bool)
+        for t in range(max_len):
+            logits, state, feed, _ = self.step(token, state, feed, memory, src_padding_mask,
+                                               cross_cache)
+            token = logits.argmax(-1)
+            out[:, t] = token
+            finished |= token == EOS
+            if bool(finished.all()):
+                break
+        return out
 
 
-@harness.hookimpl
+@hookimpl
 def harness_register_model(register: Any) -> None:
     register(
         ModelSpec(
             name="rnn_seq2seq",
-            build=build,
-            config=RNNSeq2SeqConfig,
+            build=RNNSeq2Seq,
             task_kinds=frozenset({"seq2seq"}),
             uses_attention=True,
             attention_required=False,
             uses_position=False,
             width_param="hidden",
-            description="Bidirectional RNN encoder + RNN decoder with optional attention "
-                        "(RNNsearch: Bahdanau / Luong).",
         )
     )

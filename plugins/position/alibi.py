@@ -13,11 +13,12 @@ n⌋ heads until there are n.
 from __future__ import annotations
 
 import math
-from functools import cache
 from typing import Any
 
-import harness
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor
+
+from harness.plugin import NoParams, PositionScheme, PositionSpec, hookimpl, relative_positions
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -35,35 +36,18 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return slopes
 
 
-def build(config: Any, *, num_heads: int, **_: Any) -> Any:
-    return module_class()(alibi_slopes(num_heads))
+class ALiBi(PositionScheme):
+    """ALiBi: per-head linear distance penalty on scores (Press et al., 2022)."""
+
+    def __init__(self, config: NoParams, *, num_heads: int, **context: Any) -> None:
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = relative_positions(q_pos, k_pos).abs().float()  # (Lq, Lk)
+        return -(self.slopes[:, None, None] * distance)[None]  # (1, H, Lq, Lk)
 
 
-@cache
-def module_class() -> type:
-    import torch
-
-    from harness.nn.position import PositionScheme, relative_positions
-
-    class ALiBi(PositionScheme):
-        def __init__(self, slopes: list[float]) -> None:
-            super().__init__()
-            self.register_buffer("slopes", torch.tensor(slopes), persistent=False)
-
-        def score_bias(self, q: Any, q_pos: Any, k_pos: Any) -> Any:
-            distance = relative_positions(q_pos, k_pos).abs().float()  # (Lq, Lk)
-            return -(self.slopes[:, None, None] * distance)[None]  # (1, H, Lq, Lk)
-
-    return ALiBi
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="alibi",
-            build=build,
-            hooks=frozenset({"bias"}),
-            description="ALiBi: per-head linear distance penalty on scores (Press et al., 2022).",
-        )
-    )
+    register(PositionSpec(name="alibi", build=ALiBi))

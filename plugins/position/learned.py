@@ -22,69 +22,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import FloatRange
-from harness.registry import PositionSpec
+from torch import Tensor, nn
+
+from harness.plugin import FloatRange, Ge, Gt, PositionScheme, PositionSpec, hookimpl
 
 
 @dataclass
 class LearnedConfig:
-    init_std: Annotated[float, FloatRange(0.02, 1.0, log=True)] = 1.0
-    table_factor: float = 1.0  # rows = ceil(table_factor * training max length)
+    init_std: Annotated[float, Gt(0.0), FloatRange(0.02, 1.0, log=True)] = 1.0
+    # rows = ceil(table_factor * training max length); >= 1: a row for every trained position
+    table_factor: Annotated[float, Ge(1.0)] = 1.0
 
-    def __post_init__(self) -> None:
-        if self.table_factor < 1.0:
+
+class LearnedPositions(PositionScheme):
+    """Learned absolute embeddings (GPT-2); not applicable past its table."""
+
+    def __init__(self, config: LearnedConfig, *, d_model: int, max_length: int, **context: Any) -> None:
+        rows = math.ceil(config.table_factor * max_length)
+        super().__init__(max_length=rows)
+        self.table = nn.Embedding(rows, d_model)
+        nn.init.normal_(self.table.weight, std=config.init_std)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        last = int(positions.max()) if positions.numel() else -1
+        if last >= self.table.num_embeddings:
             raise ValueError(
-                f"table_factor ({self.table_factor}) must be >= 1: the table needs a row for "
-                f"every position seen in training."
+                f"learned positions have {self.table.num_embeddings} rows (positions 0.."
+                f"{self.table.num_embeddings - 1}) but position {last} was asked for: this "
+                f"scheme cannot run past its table. Evaluate at supported lengths only "
+                f"(model.supports_length), or set position.params.table_factor > 1."
             )
-        if self.init_std <= 0:
-            raise ValueError(f"init_std ({self.init_std}) must be positive.")
+        return x + self.table(positions).to(x.dtype)
 
 
-def build(config: LearnedConfig, *, d_model: int, max_length: int, **_: Any) -> Any:
-    rows = math.ceil(config.table_factor * max_length)
-    return module_class()(d_model, rows, config.init_std)
-
-
-@cache
-def module_class() -> type:
-    from torch import nn
-
-    from harness.nn.position import PositionScheme
-
-    class LearnedPositions(PositionScheme):
-        def __init__(self, d_model: int, rows: int, init_std: float) -> None:
-            super().__init__(max_length=rows)
-            self.table = nn.Embedding(rows, d_model)
-            nn.init.normal_(self.table.weight, std=init_std)
-
-        def embed(self, x: Any, positions: Any) -> Any:
-            last = int(positions.max()) if positions.numel() else -1
-            if last >= self.table.num_embeddings:
-                raise ValueError(
-                    f"learned positions have {self.table.num_embeddings} rows (positions 0.."
-                    f"{self.table.num_embeddings - 1}) but position {last} was asked for: this "
-                    f"scheme cannot run past its table. Evaluate at supported lengths only "
-                    f"(model.supports_length), or set position.params.table_factor > 1."
-                )
-            return x + self.table(positions).to(x.dtype)
-
-    return LearnedPositions
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="learned",
-            build=build,
-            config=LearnedConfig,
-            hooks=frozenset({"embedding"}),
-            extrapolates=False,
-            description="Learned absolute embeddings (GPT-2); not applicable past its table.",
-        )
-    )
+    register(PositionSpec(name="learned", build=LearnedPositions, extrapolates=False))

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import harness
-from harness.registry import PositionSpec
+from harness.plugin import NoParams, PositionScheme, PositionSpec, hookimpl
 
 
-def build(config: Any, **_: Any) -> Any:
-    from harness.nn.position import PositionScheme
+class NoPositions(PositionScheme):
+    """No positions (NoPE)."""
 
-    return PositionScheme()
+    def __init__(self, config: NoParams, **context: Any) -> None:
+        super().__init__()
 
 
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(PositionSpec(name="none", build=build, hooks=frozenset(), description="No positions (NoPE)."))
+    register(PositionSpec(name="none", build=NoPositions))

@@ -22,62 +22,39 @@ Choices and differences from the paper, stated:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import IntRange
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor, nn
+
+from harness.plugin import Ge, IntRange, PositionScheme, PositionSpec, hookimpl, relative_positions
 
 
 @dataclass
 class RelativeConfig:
-    clip: Annotated[int, IntRange(2, 64, log=True)] = 16  # k: largest distinguished offset
-
-    def __post_init__(self) -> None:
-        if self.clip < 1:
-            raise ValueError(f"clip ({self.clip}) must be >= 1 (offsets -clip..clip are learned).")
+    # k: largest distinguished offset (offsets -clip..clip are learned)
+    clip: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 16
 
 
-def build(config: RelativeConfig, *, head_dim: int, **_: Any) -> Any:
-    return module_class()(head_dim, config.clip)
+class ShawRelative(PositionScheme):
+    """Clipped relative key embeddings as a q-dependent bias (Shaw et al., 2018)."""
+
+    def __init__(self, config: RelativeConfig, *, head_dim: int, **context: Any) -> None:
+        super().__init__()
+        self.clip = config.clip
+        # Row r holds a^K for offset r - clip (offsets -clip..clip).
+        self.table = nn.Parameter(torch.randn(2 * self.clip + 1, head_dim) * head_dim**-0.5)
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        # q · a_r for every offset r, then pick r = clip(j - i) for each (i, j).
+        per_offset = q @ self.table.to(q.dtype).T / math.sqrt(q.shape[-1])  # (B, H, Lq, 2k+1)
+        index = relative_positions(q_pos, k_pos).clamp(-self.clip, self.clip) + self.clip
+        index = index.expand(*per_offset.shape[:2], -1, -1)  # (B, H, Lq, Lk)
+        return per_offset.gather(-1, index)
 
 
-@cache
-def module_class() -> type:
-    import math
-
-    import torch
-    from torch import nn
-
-    from harness.nn.position import PositionScheme, relative_positions
-
-    class ShawRelative(PositionScheme):
-        def __init__(self, head_dim: int, clip: int) -> None:
-            super().__init__()
-            self.clip = clip
-            # Row r holds a^K for offset r - clip (offsets -clip..clip).
-            self.table = nn.Parameter(torch.randn(2 * clip + 1, head_dim) * head_dim**-0.5)
-
-        def score_bias(self, q: Any, q_pos: Any, k_pos: Any) -> Any:
-            # q · a_r for every offset r, then pick r = clip(j - i) for each (i, j).
-            per_offset = q @ self.table.to(q.dtype).T / math.sqrt(q.shape[-1])  # (B, H, Lq, 2k+1)
-            index = relative_positions(q_pos, k_pos).clamp(-self.clip, self.clip) + self.clip
-            index = index.expand(*per_offset.shape[:2], -1, -1)  # (B, H, Lq, Lk)
-            return per_offset.gather(-1, index)
-
-    return ShawRelative
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="relative",
-            build=build,
-            config=RelativeConfig,
-            hooks=frozenset({"bias"}),
-            description="Shaw et al. (2018) clipped relative key embeddings as a q-dependent bias.",
-        )
-    )
+    register(PositionSpec(name="relative", build=ShawRelative))

@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import Choice, FloatRange
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor
+
+from harness.plugin import Choice, FloatRange, Ge, Gt, PositionScheme, PositionSpec, hookimpl
 
 SCALINGS = ("none", "pi", "ntk", "yarn")
 APPLY_MODES = ("always", "past_train_length")
@@ -51,36 +51,29 @@ APPLY_MODES = ("always", "past_train_length")
 
 @dataclass
 class RopeConfig:
-    base: Annotated[float, FloatRange(100.0, 1_000_000.0, log=True)] = 10_000.0
+    base: Annotated[float, Gt(1.0), FloatRange(100.0, 1_000_000.0, log=True)] = 10_000.0
     scaling: Annotated[str, Choice(SCALINGS)] = "none"
-    scale: Annotated[float, FloatRange(1.0, 16.0, log=True)] = 1.0  # s (ignored when "none")
-    yarn_alpha: Annotated[float, FloatRange(0.25, 4.0, log=True)] = 1.0
-    yarn_beta: Annotated[float, FloatRange(4.0, 64.0, log=True)] = 32.0
+    # s, the context extension factor (ignored when "none")
+    scale: Annotated[float, Ge(1.0), FloatRange(1.0, 16.0, log=True)] = 1.0
+    yarn_alpha: Annotated[float, Gt(0.0), FloatRange(0.25, 4.0, log=True)] = 1.0
+    yarn_beta: Annotated[float, Gt(0.0), FloatRange(4.0, 64.0, log=True)] = 32.0  # > yarn_alpha
     apply: str = "always"  # or "past_train_length"
     dynamic: bool = False  # s = max(1, input length / L) instead of ``scale``
-    original_length: int = 0  # L; 0: the training length the scheme is built for
+    original_length: Annotated[int, Ge(0)] = 0  # L; 0: the training length the scheme is built for
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {', '.join(SCALINGS)} (got {self.scaling!r}).")
         if self.apply not in APPLY_MODES:
             raise ValueError(f"apply must be one of {', '.join(APPLY_MODES)} (got {self.apply!r}).")
-        if self.base <= 1:
-            raise ValueError(f"base ({self.base}) must be > 1.")
-        if self.scale < 1:
-            raise ValueError(f"scale ({self.scale}) must be >= 1: it is the context extension factor.")
-        if not 0 < self.yarn_alpha < self.yarn_beta:
+        if not self.yarn_alpha < self.yarn_beta:
             raise ValueError(
                 f"YaRN needs 0 < yarn_alpha < yarn_beta (got {self.yarn_alpha}, {self.yarn_beta})."
             )
-        if self.original_length < 0:
-            raise ValueError(f"original_length ({self.original_length}) must be >= 0.")
 
 
 def rope_frequencies(dim: int, config: RopeConfig, original_length: int, scale: float) -> Any:
     """θ_i for the D/2 planes (float64), extended by the factor ``scale`` (s; 1: plain)."""
-    import torch
-
     base, s = config.base, scale
     if config.scaling == "ntk":
         base = base * s ** (dim / (dim - 2))
@@ -99,77 +92,60 @@ def yarn_mscale(scale: float) -> float:
     return 0.1 * math.log(scale) + 1.0
 
 
-def build(config: RopeConfig, *, head_dim: int, max_length: int, **_: Any) -> Any:
-    if head_dim % 2:
-        raise ValueError(f"RoPE rotates pairs of dimensions: head_dim ({head_dim}) must be even.")
-    if config.scaling == "ntk" and head_dim <= 2:
-        raise ValueError("NTK-aware scaling needs head_dim > 2 (base · s^(D/(D-2))).")
-    return module_class()(config, config.original_length or max_length)
+def rotate_half(x: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
 
 
-@cache
-def module_class() -> type:
-    import torch
+class Rotary(PositionScheme):
+    """Rotary embeddings; base, PI / NTK-aware / YaRN context extension."""
 
-    from harness.nn.position import PositionScheme
+    def __init__(self, config: RopeConfig, *, head_dim: int, max_length: int, **context: Any) -> None:
+        if head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: head_dim ({head_dim}) must be even.")
+        if config.scaling == "ntk" and head_dim <= 2:
+            raise ValueError("NTK-aware scaling needs head_dim > 2 (base · s^(D/(D-2))).")
+        super().__init__()
+        self.config, self.original_length = config, config.original_length or max_length
+        self._theta: dict[tuple[int, float, Any], Tensor] = {}
 
-    def rotate_half(x: Any) -> Any:
-        first, second = x.chunk(2, dim=-1)
-        return torch.cat([-second, first], dim=-1)
+    def scale(self, q_pos: Any, k_pos: Any) -> float:
+        """The factor s of this call: 1 where the extension does not act."""
+        cfg = self.config
+        if cfg.scaling == "none":
+            return 1.0
+        if cfg.apply == "always" and not cfg.dynamic:
+            return cfg.scale
+        longest = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        if cfg.apply == "past_train_length" and longest <= self.original_length:
+            return 1.0
+        return max(1.0, longest / self.original_length) if cfg.dynamic else cfg.scale
 
-    class Rotary(PositionScheme):
-        def __init__(self, config: RopeConfig, original_length: int) -> None:
-            super().__init__()
-            self.config, self.original_length = config, original_length
-            self._theta: dict[tuple[int, float, Any], Any] = {}
+    def theta(self, dim: int, scale: float, device: Any) -> Any:
+        key = (dim, scale, device)
+        theta = self._theta.get(key)
+        if theta is None:
+            theta = rope_frequencies(dim, self.config, self.original_length, scale)
+            theta = theta.to(device=device, dtype=torch.float32)
+            if not self.config.dynamic or scale == 1.0:  # dynamic factors vary per length
+                self._theta[key] = theta
+        return theta
 
-        def scale(self, q_pos: Any, k_pos: Any) -> float:
-            """The factor s of this call: 1 where the extension does not act."""
-            cfg = self.config
-            if cfg.scaling == "none":
-                return 1.0
-            if cfg.apply == "always" and not cfg.dynamic:
-                return cfg.scale
-            longest = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
-            if cfg.apply == "past_train_length" and longest <= self.original_length:
-                return 1.0
-            return max(1.0, longest / self.original_length) if cfg.dynamic else cfg.scale
+    def _rotate(self, x: Any, positions: Any, theta: Any) -> Any:
+        angles = positions.float()[:, None] * theta[None, :]  # (L, D/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
 
-        def theta(self, dim: int, scale: float, device: Any) -> Any:
-            key = (dim, scale, device)
-            theta = self._theta.get(key)
-            if theta is None:
-                theta = rope_frequencies(dim, self.config, self.original_length, scale)
-                theta = theta.to(device=device, dtype=torch.float32)
-                if not self.config.dynamic or scale == 1.0:  # dynamic factors vary per length
-                    self._theta[key] = theta
-            return theta
-
-        def _rotate(self, x: Any, positions: Any, theta: Any) -> Any:
-            angles = positions.float()[:, None] * theta[None, :]  # (L, D/2)
-            angles = torch.cat([angles, angles], dim=-1)
-            return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
-
-        def rotate(self, q: Any, k: Any, q_pos: Any, k_pos: Any) -> tuple[Any, Any]:
-            scale = self.scale(q_pos, k_pos)
-            theta = self.theta(q.shape[-1], scale, q.device)
-            q, k = self._rotate(q, q_pos, theta), self._rotate(k, k_pos, theta)
-            if self.config.scaling == "yarn" and scale > 1:
-                mscale = yarn_mscale(scale)
-                q, k = q * mscale, k * mscale
-            return q, k
-
-    return Rotary
+    def rotate(self, q: Any, k: Any, q_pos: Any, k_pos: Any) -> tuple[Any, Any]:
+        scale = self.scale(q_pos, k_pos)
+        theta = self.theta(q.shape[-1], scale, q.device)
+        q, k = self._rotate(q, q_pos, theta), self._rotate(k, k_pos, theta)
+        if self.config.scaling == "yarn" and scale > 1:
+            mscale = yarn_mscale(scale)
+            q, k = q * mscale, k * mscale
+        return q, k
 
 
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="rope",
-            build=build,
-            config=RopeConfig,
-            hooks=frozenset({"qk"}),
-            description="Rotary embeddings; base, PI / NTK-aware / YaRN context extension.",
-        )
-    )
+    register(PositionSpec(name="rope", build=Rotary))

@@ -13,47 +13,31 @@ in a padded batch.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
-import harness
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor
+
+from harness.plugin import NoParams, PositionScheme, PositionSpec, hookimpl
 
 
-def build(config: Any, *, d_model: int, max_length: int, **_: Any) -> Any:
-    if d_model < 2:
-        raise ValueError(f"scalar positions need d_model >= 2 (got {d_model}).")
-    return module_class()(max_length)
+class ScalarPosition(PositionScheme):
+    """One value p / (L_train - 1) per token, appended to the embedding."""
+
+    def __init__(self, config: NoParams, *, d_model: int, max_length: int, **context: Any) -> None:
+        if d_model < 2:
+            raise ValueError(f"scalar positions need d_model >= 2 (got {d_model}).")
+        super().__init__()
+        self.denominator = float(max(max_length - 1, 1))
+
+    def token_width(self, d_model: int) -> int:
+        return d_model - 1
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        value = (positions.to(x.dtype) / self.denominator)[None, :, None]
+        return torch.cat([x, value.expand(x.shape[0], -1, 1)], dim=-1)
 
 
-@cache
-def module_class() -> type:
-    import torch
-
-    from harness.nn.position import PositionScheme
-
-    class ScalarPosition(PositionScheme):
-        def __init__(self, train_length: int) -> None:
-            super().__init__()
-            self.denominator = float(max(train_length - 1, 1))
-
-        def token_width(self, d_model: int) -> int:
-            return d_model - 1
-
-        def embed(self, x: Any, positions: Any) -> Any:
-            value = (positions.to(x.dtype) / self.denominator)[None, :, None]
-            return torch.cat([x, value.expand(x.shape[0], -1, 1)], dim=-1)
-
-    return ScalarPosition
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="scalar",
-            build=build,
-            hooks=frozenset({"embedding"}),
-            description="One value p / (L_train - 1) per token, appended to the embedding.",
-        )
-    )
+    register(PositionSpec(name="scalar", build=ScalarPosition))

@@ -14,25 +14,19 @@ output layer (the Transformer unties them automatically).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import FloatRange
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor
+
+from harness.plugin import FloatRange, Gt, Lt, PositionScheme, PositionSpec, hookimpl, sinusoids
 
 
 @dataclass
 class SinusoidalConcatConfig:
-    fraction: Annotated[float, FloatRange(0.125, 0.5)] = 0.25  # share of d_model for positions
-    base: Annotated[float, FloatRange(100.0, 100_000.0, log=True)] = 10_000.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.fraction < 1.0:
-            raise ValueError(
-                f"fraction ({self.fraction}) must lie strictly between 0 and 1: it is the share "
-                f"of d_model given to position features, the rest carries the token."
-            )
+    # share of d_model given to position features (the rest carries the token)
+    fraction: Annotated[float, Gt(0.0), Lt(1.0), FloatRange(0.125, 0.5)] = 0.25
+    base: Annotated[float, Gt(1.0), FloatRange(100.0, 100_000.0, log=True)] = 10_000.0
 
 
 def position_width(d_model: int, fraction: float) -> int:
@@ -40,45 +34,27 @@ def position_width(d_model: int, fraction: float) -> int:
     return max(2, 2 * round(fraction * d_model / 2))
 
 
-def build(config: SinusoidalConcatConfig, *, d_model: int, **_: Any) -> Any:
-    width = position_width(d_model, config.fraction)
-    if width >= d_model:
-        raise ValueError(
-            f"sinusoidal_concat would use {width} of d_model={d_model} dimensions for "
-            f"positions, leaving none for tokens; lower 'fraction' or raise d_model."
-        )
-    return module_class()(d_model, width, config.base)
+class SinusoidalConcat(PositionScheme):
+    """Fixed sinusoids concatenated to (narrower) token embeddings."""
+
+    def __init__(self, config: SinusoidalConcatConfig, *, d_model: int, **context: Any) -> None:
+        width = position_width(d_model, config.fraction)
+        if width >= d_model:
+            raise ValueError(
+                f"sinusoidal_concat would use {width} of d_model={d_model} dimensions for "
+                f"positions, leaving none for tokens; lower 'fraction' or raise d_model."
+            )
+        super().__init__()
+        self.d_model, self.width, self.base = d_model, width, config.base
+
+    def token_width(self, d_model: int) -> int:
+        return d_model - self.width
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        table = sinusoids(positions, self.width, self.base).to(x.dtype)
+        return torch.cat([x, table.expand(x.shape[0], -1, -1)], dim=-1)
 
 
-@cache
-def module_class() -> type:
-    import torch
-
-    from harness.nn.position import PositionScheme, sinusoids
-
-    class SinusoidalConcat(PositionScheme):
-        def __init__(self, d_model: int, width: int, base: float) -> None:
-            super().__init__()
-            self.d_model, self.width, self.base = d_model, width, base
-
-        def token_width(self, d_model: int) -> int:
-            return d_model - self.width
-
-        def embed(self, x: Any, positions: Any) -> Any:
-            table = sinusoids(positions, self.width, self.base).to(x.dtype)
-            return torch.cat([x, table.expand(x.shape[0], -1, -1)], dim=-1)
-
-    return SinusoidalConcat
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="sinusoidal_concat",
-            build=build,
-            config=SinusoidalConcatConfig,
-            hooks=frozenset({"embedding"}),
-            description="Fixed sinusoids concatenated to (narrower) token embeddings.",
-        )
-    )
+    register(PositionSpec(name="sinusoidal_concat", build=SinusoidalConcat))

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any
 
-import harness
-from harness.params import IntRange
-from harness.registry import PositionSpec
+import torch
+from torch import Tensor, nn
+
+from harness.plugin import Ge, IntRange, PositionScheme, PositionSpec, hookimpl, relative_positions
 
 
 @dataclass
 class T5BiasConfig:
-    num_buckets: Annotated[int, IntRange(8, 64, log=True)] = 32
-    max_distance: Annotated[int, IntRange(16, 1024, log=True)] = 128
+    num_buckets: Annotated[int, Ge(4), IntRange(8, 64, log=True)] = 32
+    max_distance: Annotated[int, Ge(1), IntRange(16, 1024, log=True)] = 128
 
     def __post_init__(self) -> None:
-        if self.num_buckets < 4:
-            raise ValueError(f"num_buckets ({self.num_buckets}) must be >= 4.")
         if self.max_distance <= self.num_buckets // 2:
             raise ValueError(
                 f"max_distance ({self.max_distance}) must exceed num_buckets // 2 "
@@ -44,8 +42,6 @@ class T5BiasConfig:
 
 def relative_bucket(offset: Any, *, causal: bool, num_buckets: int, max_distance: int) -> Any:
     """T5 bucket ids (LongTensor) of offsets ``offset = key position - query position``."""
-    import torch
-
     bucket = torch.zeros_like(offset)
     if causal:
         distance = (-offset).clamp(min=0)
@@ -61,41 +57,23 @@ def relative_bucket(offset: Any, *, causal: bool, num_buckets: int, max_distance
     return bucket + torch.where(distance < exact, distance, far)
 
 
-def build(config: T5BiasConfig, *, num_heads: int, causal: bool, **_: Any) -> Any:
-    return module_class()(num_heads, causal, config.num_buckets, config.max_distance)
+class T5Bias(PositionScheme):
+    """T5 bucketed learned relative bias per head, shared by all layers."""
 
+    def __init__(self, config: T5BiasConfig, *, num_heads: int, causal: bool, **context: Any) -> None:
+        super().__init__()
+        self.causal, self.num_buckets, self.max_distance = causal, config.num_buckets, config.max_distance
+        self.bias = nn.Embedding(config.num_buckets, num_heads)
+        nn.init.normal_(self.bias.weight, std=0.02)
 
-@cache
-def module_class() -> type:
-    from torch import nn
-
-    from harness.nn.position import PositionScheme, relative_positions
-
-    class T5Bias(PositionScheme):
-        def __init__(self, num_heads: int, causal: bool, num_buckets: int, max_distance: int) -> None:
-            super().__init__()
-            self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
-            self.bias = nn.Embedding(num_buckets, num_heads)
-            nn.init.normal_(self.bias.weight, std=0.02)
-
-        def score_bias(self, q: Any, q_pos: Any, k_pos: Any) -> Any:
-            buckets = relative_bucket(
-                relative_positions(q_pos, k_pos), causal=self.causal,
-                num_buckets=self.num_buckets, max_distance=self.max_distance,
-            )
-            return self.bias(buckets).permute(2, 0, 1)[None]  # (1, H, Lq, Lk)
-
-    return T5Bias
-
-
-@harness.hookimpl
-def harness_register_position(register: Any) -> None:
-    register(
-        PositionSpec(
-            name="t5_bias",
-            build=build,
-            config=T5BiasConfig,
-            hooks=frozenset({"bias"}),
-            description="T5 bucketed learned relative bias per head, shared by all layers.",
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        buckets = relative_bucket(
+            relative_positions(q_pos, k_pos), causal=self.causal,
+            num_buckets=self.num_buckets, max_distance=self.max_distance,
         )
-    )
+        return self.bias(buckets).permute(2, 0, 1)[None]  # (1, H, Lq, Lk)
+
+
+@hookimpl
+def harness_register_position(register: Any) -> None:
+    register(PositionSpec(name="t5_bias", build=T5Bias))

@@ -39,36 +39,40 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import FloatRange, IntRange
-from harness.registry import TaskSpec
+from harness.plugin import (
+    Example,
+    FloatRange,
+    Ge,
+    Gt,
+    IntRange,
+    Le,
+    Task,
+    TaskConfig,
+    TaskSpec,
+    Vocab,
+    hookimpl,
+)
 
 
 @dataclass
 class AssociativeRecallConfig(TaskConfig):
-    length: Annotated[int, IntRange(16, 2048, log=True)] = 32  # model inputs per example
-    vocab: Annotated[int, IntRange(16, 8192, log=True)] = 32  # symbols: half keys, half values
-    num_kv_pairs: Annotated[int, IntRange(1, 64, log=True)] = 4
-    power_a: Annotated[float, FloatRange(0.01, 1.0, log=True)] = 0.01  # query-gap power law
+    length: Annotated[int, Ge(1), IntRange(16, 2048, log=True)] = 32  # model inputs per example
+    vocab: Annotated[int, Ge(2), IntRange(16, 8192, log=True)] = 32  # symbols: half keys, half values
+    num_kv_pairs: Annotated[int, Ge(1), IntRange(1, 64, log=True)] = 4
+    power_a: Annotated[float, Gt(0.0), Le(1.0), FloatRange(0.01, 1.0, log=True)] = 0.01  # query-gap power law
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # evaluation lengths are >= length
         d = self.num_kv_pairs
-        if d < 1:
-            raise ValueError(f"num_kv_pairs must be at least 1, got {d}")
         if self.vocab // 2 < d:
             raise ValueError(
                 f"vocab={self.vocab} gives {self.vocab // 2} keys and values, fewer than "
                 f"num_kv_pairs={d}; raise vocab to at least {2 * d}."
             )
-        if not 0 < self.power_a <= 1:
-            raise ValueError(f"power_a must be in (0, 1], got {self.power_a}")
-        short = [n for n in (self.length, *self.eval_lengths) if n < 4 * d]
-        if short:
+        if self.length < 4 * d:
             raise ValueError(
-                f"lengths {short} leave fewer query slots than num_kv_pairs={d}: every length "
-                f"must be at least 4 * num_kv_pairs = {4 * d}."
+                f"length {self.length} leaves fewer query slots than num_kv_pairs={d}: every "
+                f"length must be at least 4 * num_kv_pairs = {4 * d}."
             )
 
 
@@ -94,6 +98,8 @@ def sample_slots(rng: random.Random, cum_weights: list[float], k: int) -> list[i
 
 
 class AssociativeRecallTask(Task):
+    """Zoology MQAR: key-value bindings, power-law-placed queries; answers scored."""
+
     task_kind = "lm"
     config: AssociativeRecallConfig
 
@@ -129,18 +135,6 @@ class AssociativeRecallTask(Task):
         return {"tokens": tokens, "loss_mask": mask}
 
 
-def build(config: AssociativeRecallConfig, *, seed: int) -> AssociativeRecallTask:
-    return AssociativeRecallTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="associative_recall",
-            build=build,
-            config=AssociativeRecallConfig,
-            task_kind="lm",
-            description="Zoology MQAR: key-value bindings, power-law-placed queries; answers scored.",
-        )
-    )
+    register(TaskSpec(name="associative_recall", build=AssociativeRecallTask))

@@ -36,11 +36,19 @@ from functools import cache
 from importlib import resources
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab, lm_windows
-from harness.errors import PluginError
-from harness.params import Choice, IntRange
-from harness.registry import TaskSpec
+from harness.plugin import (
+    Choice,
+    Example,
+    Ge,
+    IntRange,
+    PluginError,
+    Task,
+    TaskConfig,
+    TaskSpec,
+    Vocab,
+    hookimpl,
+    lm_windows,
+)
 
 DATA_FILE = "shakespeare.txt.bz2"
 DATA_SHA256 = "a9661b5ed59bf7d0a5152c9d70579090fccb42323836a7b3c800ec048e918273"
@@ -49,22 +57,19 @@ SPLIT_FRACTIONS = {"train": (0.0, 0.90), "val": (0.90, 0.95), "test": (0.95, 1.0
 
 @dataclass
 class CharLMConfig(TaskConfig):
-    length: Annotated[int, IntRange(16, 4096, log=True)] = 128  # characters read per example
-    num_train: int = 10_000  # training windows
-    num_val: int = 64  # scored text per evaluation: num_val * length characters
+    length: Annotated[int, Ge(1), IntRange(16, 4096, log=True)] = 128  # characters read per example
+    num_train: Annotated[int, Ge(1)] = 10_000  # training windows
+    num_val: Annotated[int, Ge(1)] = 64  # scored text per evaluation: num_val * length characters
     eval_protocol: Annotated[str, Choice(("windows", "sliding"))] = "windows"
-    score_last: int = 32  # sliding protocol: characters scored per window
+    score_last: Annotated[int, Ge(1)] = 32  # sliding protocol: characters scored per window
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_train < 1 or self.num_val < 1:
-            raise ValueError("num_train and num_val must be positive")
+        super().__post_init__()  # evaluation lengths are >= length
         if self.eval_protocol not in ("windows", "sliding"):
             raise ValueError(f"eval_protocol must be 'windows' or 'sliding', got {self.eval_protocol!r}")
-        shortest = min((self.length, *self.eval_lengths))
-        if self.eval_protocol == "sliding" and not 1 <= self.score_last <= shortest:
+        if self.eval_protocol == "sliding" and self.score_last > self.length:
             raise ValueError(
-                f"score_last={self.score_last} must lie in [1, {shortest}] (the shortest "
+                f"score_last={self.score_last} must lie in [1, {self.length}] (the shortest "
                 f"evaluation length): a sliding window cannot score more than it reads."
             )
         longest = max((self.length, *self.eval_lengths))
@@ -95,6 +100,8 @@ def split_offsets(total: int) -> dict[str, tuple[int, int]]:
 
 
 class CharLMTask(Task):
+    """Character-level LM on Shakespeare (shipped, 90/5/5 contiguous splits)."""
+
     task_kind = "lm"
     report_perplexity = True
     config: CharLMConfig
@@ -145,18 +152,6 @@ class CharLMTask(Task):
         return out
 
 
-def build(config: CharLMConfig, *, seed: int) -> CharLMTask:
-    return CharLMTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="char_lm",
-            build=build,
-            config=CharLMConfig,
-            task_kind="lm",
-            description="Character-level LM on Shakespeare (shipped, 90/5/5 contiguous splits).",
-        )
-    )
+    register(TaskSpec(name="char_lm", build=CharLMTask))

@@ -11,26 +11,26 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 
 @dataclass
 class CopyConfig(TaskConfig):
-    vocab: Annotated[int, IntRange(2, 64, log=True)] = 8  # distinct symbols
+    vocab: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 8  # distinct symbols
 
 
 class CopyTask(Task):
+    """Copy a random symbol sequence (decoder-only: src SEP tgt)."""
+
     task_kind = "seq2seq"
+    config: CopyConfig
 
     def __init__(self, config: CopyConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(tuple(f"s{i}" for i in range(config.vocab))))
 
     def generate(self, split: str, length: int) -> list[Example]:
         rng = random.Random(self.split_seed(split, length))
-        first, n = self.vocab.first_symbol, self.config.vocab  # type: ignore[attr-defined]
+        first, n = self.vocab.first_symbol, self.config.vocab
         out = []
         for _ in range(self.split_size(split)):
             src = [first + rng.randrange(n) for _ in range(length)]
@@ -38,18 +38,6 @@ class CopyTask(Task):
         return out
 
 
-def build(config: CopyConfig, *, seed: int) -> CopyTask:
-    return CopyTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="copy",
-            build=build,
-            config=CopyConfig,
-            task_kind="seq2seq",
-            description="Copy a random symbol sequence (decoder-only: src SEP tgt).",
-        )
-    )
+    register(TaskSpec(name="copy", build=CopyTask))

@@ -22,29 +22,21 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 TRIGGER = "T"
 
 
 @dataclass
 class InductionHeadConfig(TaskConfig):
-    length: Annotated[int, IntRange(8, 4096, log=True)] = 32  # model inputs per example
-    vocab: Annotated[int, IntRange(2, 1024, log=True)] = 16  # content symbols (without T)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.vocab < 2:
-            raise ValueError(f"vocab must be at least 2, got {self.vocab}")
-        short = [n for n in (self.length, *self.eval_lengths) if n < 4]
-        if short:
-            raise ValueError(f"lengths {short} are too short: induction_head needs length >= 4")
+    # model inputs per example: >= 4 (trigger, answer, a token between, the final trigger)
+    length: Annotated[int, Ge(4), IntRange(8, 4096, log=True)] = 32
+    vocab: Annotated[int, Ge(2), IntRange(2, 1024, log=True)] = 16  # content symbols (without T)
 
 
 class InductionHeadTask(Task):
+    """Recall the symbol that followed the earlier trigger token (H3)."""
+
     task_kind = "lm"
     config: InductionHeadConfig
 
@@ -66,18 +58,6 @@ class InductionHeadTask(Task):
         return out
 
 
-def build(config: InductionHeadConfig, *, seed: int) -> InductionHeadTask:
-    return InductionHeadTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="induction_head",
-            build=build,
-            config=InductionHeadConfig,
-            task_kind="lm",
-            description="Recall the symbol that followed the earlier trigger token (H3).",
-        )
-    )
+    register(TaskSpec(name="induction_head", build=InductionHeadTask))

@@ -15,26 +15,31 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import (
+    Example,
+    Ge,
+    IntRange,
+    Task,
+    TaskConfig,
+    TaskSpec,
+    Vocab,
+    greedy,
+    hookimpl,
+)
 
 
 @dataclass
 class ReverseConfig(TaskConfig):
-    vocab: Annotated[int, IntRange(2, 64, log=True)] = 8  # distinct symbols
+    vocab: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 8  # distinct symbols
     # also decode every validation source freely and report ``greedy_exact``
     decode_eval: bool = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.vocab < 1:
-            raise ValueError(f"vocab must be at least 1 symbol, got {self.vocab}")
-
 
 class ReverseTask(Task):
+    """Reverse a random symbol sequence (decoder-only: src SEP tgt)."""
+
     task_kind = "seq2seq"
+    config: ReverseConfig
 
     def __init__(self, config: ReverseConfig, *, seed: int) -> None:
         symbols = tuple(f"s{i}" for i in range(config.vocab))
@@ -53,28 +58,14 @@ class ReverseTask(Task):
     def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: Any) -> dict[str, tuple[float, float]]:
         """``greedy_exact``: the share of sources reversed exactly when the model decodes
         freely (its own outputs fed back), stricter than teacher-forced accuracy."""
-        if not self.config.decode_eval:  # type: ignore[attr-defined]
+        if not self.config.decode_eval:
             return {}
-        from harness.decoding import greedy
-
         examples = batch["examples"]
         outputs = greedy(model, examples, fmt)
         right = sum(out == list(e["tgt"]) for out, e in zip(outputs, examples, strict=True))
         return {"greedy_exact": (float(right), float(len(examples)))}
 
 
-def build(config: ReverseConfig, *, seed: int) -> ReverseTask:
-    return ReverseTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="reverse",
-            build=build,
-            config=ReverseConfig,
-            task_kind="seq2seq",
-            description="Reverse a random symbol sequence (decoder-only: src SEP tgt).",
-        )
-    )
+    register(TaskSpec(name="reverse", build=ReverseTask))

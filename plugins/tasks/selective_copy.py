@@ -23,33 +23,29 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 NOISE = "."
 
 
 @dataclass
 class SelectiveCopyConfig(TaskConfig):
-    length: Annotated[int, IntRange(8, 4096, log=True)] = 32  # source tokens, content + noise
-    num_tokens: Annotated[int, IntRange(1, 64, log=True)] = 8  # content tokens to copy
-    vocab: Annotated[int, IntRange(2, 64, log=True)] = 8  # distinct content symbols
+    length: Annotated[int, Ge(1), IntRange(8, 4096, log=True)] = 32  # source tokens, content + noise
+    num_tokens: Annotated[int, Ge(1), IntRange(1, 64, log=True)] = 8  # content tokens to copy
+    vocab: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 8  # distinct content symbols
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_tokens < 1 or self.vocab < 1:
-            raise ValueError("num_tokens and vocab must be positive")
-        short = [n for n in (self.length, *self.eval_lengths) if n < self.num_tokens]
-        if short:
+        super().__post_init__()  # evaluation lengths are >= length
+        if self.length < self.num_tokens:
             raise ValueError(
-                f"lengths {short} are shorter than num_tokens={self.num_tokens}: the source "
+                f"length {self.length} is shorter than num_tokens={self.num_tokens}: the source "
                 f"must have room for every content token."
             )
 
 
 class SelectiveCopyTask(Task):
+    """Mamba's selective copying: copy the content tokens, skip the noise."""
+
     task_kind = "seq2seq"
     config: SelectiveCopyConfig
 
@@ -72,18 +68,6 @@ class SelectiveCopyTask(Task):
         return out
 
 
-def build(config: SelectiveCopyConfig, *, seed: int) -> SelectiveCopyTask:
-    return SelectiveCopyTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="selective_copy",
-            build=build,
-            config=SelectiveCopyConfig,
-            task_kind="seq2seq",
-            description="Mamba's selective copying: copy the content tokens, skip the noise.",
-        )
-    )
+    register(TaskSpec(name="selective_copy", build=SelectiveCopyTask))

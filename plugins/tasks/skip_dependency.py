@@ -28,10 +28,7 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 OPENING = ("check", "the")  # then the cue, then CLOSING
 CLOSING = "log"
@@ -41,25 +38,24 @@ FIXED_TOKENS = len(OPENING) + 2 + len(TRIGGER) + 1
 
 @dataclass
 class SkipDependencyConfig(TaskConfig):
-    length: Annotated[int, IntRange(8, 4096, log=True)] = 32  # model inputs per example
-    num_cues: Annotated[int, IntRange(2, 64, log=True)] = 8  # cue words (= answer words)
-    num_fillers: Annotated[int, IntRange(2, 1024, log=True)] = 32  # filler words
-    num_decoys: Annotated[int, IntRange(0, 4)] = 1  # other cue words among the fillers
+    length: Annotated[int, Ge(1), IntRange(8, 4096, log=True)] = 32  # model inputs per example
+    num_cues: Annotated[int, Ge(2), IntRange(2, 64, log=True)] = 8  # cue words (= answer words)
+    num_fillers: Annotated[int, Ge(1), IntRange(2, 1024, log=True)] = 32  # filler words
+    num_decoys: Annotated[int, Ge(0), IntRange(0, 4)] = 1  # other cue words among the fillers
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_cues < 2 or self.num_fillers < 1 or self.num_decoys < 0:
-            raise ValueError("need num_cues >= 2, num_fillers >= 1 and num_decoys >= 0")
+        super().__post_init__()  # evaluation lengths are >= length
         need = FIXED_TOKENS - 1 + self.num_decoys
-        short = [n for n in (self.length, *self.eval_lengths) if n < need]
-        if short:
+        if self.length < need:
             raise ValueError(
-                f"lengths {short} are too short: the opening phrase, trigger, answer and "
+                f"length {self.length} is too short: the opening phrase, trigger, answer and "
                 f"{self.num_decoys} decoy(s) need length >= {need}."
             )
 
 
 class SkipDependencyTask(Task):
+    """Predict the word bound to a cue far back ('check the battery log … it ran down')."""
+
     task_kind = "lm"
     config: SkipDependencyConfig
 
@@ -99,18 +95,6 @@ class SkipDependencyTask(Task):
         return {"tokens": tokens, "loss_mask": [False] * (length - 1) + [True]}
 
 
-def build(config: SkipDependencyConfig, *, seed: int) -> SkipDependencyTask:
-    return SkipDependencyTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="skip_dependency",
-            build=build,
-            config=SkipDependencyConfig,
-            task_kind="lm",
-            description="Predict the word bound to a cue far back ('check the battery log ... it ran down').",
-        )
-    )
+    register(TaskSpec(name="skip_dependency", build=SkipDependencyTask))

@@ -16,24 +16,18 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import harness
-from harness.data import Example, Task, TaskConfig, Vocab
-from harness.params import IntRange
-from harness.registry import TaskSpec
+from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 
 @dataclass
 class SortConfig(TaskConfig):
-    length: Annotated[int, IntRange(4, 256, log=True)] = 8  # symbols to sort
-    vocab: Annotated[int, IntRange(2, 64, log=True)] = 16  # distinct symbols
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.vocab < 2:
-            raise ValueError(f"sort needs at least 2 distinct symbols, got vocab={self.vocab}")
+    length: Annotated[int, Ge(1), IntRange(4, 256, log=True)] = 8  # symbols to sort
+    vocab: Annotated[int, Ge(2), IntRange(2, 64, log=True)] = 16  # distinct symbols
 
 
 class SortTask(Task):
+    """Sort a random symbol sequence (with repeats) in ascending order."""
+
     task_kind = "seq2seq"
     config: SortConfig
 
@@ -52,18 +46,6 @@ class SortTask(Task):
         return out
 
 
-def build(config: SortConfig, *, seed: int) -> SortTask:
-    return SortTask(config, seed=seed)
-
-
-@harness.hookimpl
+@hookimpl
 def harness_register_task(register: Any) -> None:
-    register(
-        TaskSpec(
-            name="sort",
-            build=build,
-            config=SortConfig,
-            task_kind="seq2seq",
-            description="Sort a random symbol sequence (with repeats) in ascending order.",
-        )
-    )
+    register(TaskSpec(name="sort", build=SortTask))
