@@ -106,7 +106,10 @@ def links(base: str, study: StudyRef | None) -> list[tuple[str, str]]:
 
 # -- the port -------------------------------------------------------------------------------------
 def port_free(port: int) -> bool:
+    """Whether the server could listen on ``port``: like uvicorn, with SO_REUSEADDR, so the
+    TIME_WAIT connections a just-stopped UI leaves do not count as a listener."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
