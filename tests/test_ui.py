@@ -255,6 +255,8 @@ def test_harness_ui_shows_a_tiny_study(tmp_path):
             assert {int(m["step"]): m["value"] for m in history} == {
                 n: flat[val_key("acc", n)] for n in lengths}
 
+        if os.environ.get("HARNESS_UI_BROWSER") == "required":  # the nox session `ui`
+            assert CHROMIUM, "no chromium on PATH: install Debian's `chromium` package"
         if CHROMIUM:  # the deep link renders the runs table with the run names
             shots = Path(os.environ.get("HARNESS_UI_SHOTS", tmp_path))
             shots.mkdir(parents=True, exist_ok=True)
