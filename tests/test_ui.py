@@ -184,7 +184,7 @@ def render(url: str, shot: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
-def test_harness_ui_shows_a_tiny_study(tmp_path):
+def test_harness_ui_shows_a_tiny_study(tmp_path, capfd):
     """A two-candidate study, then `harness ui --study`: the experiment opens on the runs
     table, the parent run is the summary, the children are named and tagged, the per-length
     curve has the length as its step, the deep link renders the run names (Chromium), and
@@ -195,6 +195,20 @@ def test_harness_ui_shows_a_tiny_study(tmp_path):
     storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["study", "run", str(path), "--storage", storage, "--tracking-uri", uri]) == 0
     lengths = [4, 6]  # the training length and task.eval_lengths
+    out, err = capfd.readouterr()
+    assert "progress: 1/6 trials" in out and "ETA" in out and "progress: 6/6 trials" in out
+    for noise in ("GPU available", "Tip:", "Creating initial MLflow database", " INFO ", "Warning"):
+        assert noise not in out + err, f"library noise on the terminal: {noise!r}"
+
+    # status and list are read-only and never touch MLflow
+    stores = {p: p.read_bytes() for p in tmp_path.glob("*.db*")}
+    check = ("import sys; from harness.cli import main; "
+             f"assert main(['study', 'status', 'tiny', '--storage', '{storage}']) == 0; "
+             f"assert main(['study', 'list', '--storage', '{storage}']) == 0; "
+             "print('mlflow imported' if 'mlflow' in sys.modules else 'no mlflow')")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert "study tiny: complete" in done.stdout and "no mlflow" in done.stdout
+    assert {p: p.read_bytes() for p in tmp_path.glob("*.db*")} == stores
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "ui", "--study", "tiny",
