@@ -211,8 +211,12 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd):
     assert {p: p.read_bytes() for p in tmp_path.glob("*.db*")} == stores
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "ui", "--study", "tiny",
+    browser = tmp_path / "browser.sh"  # --open: what webbrowser runs ($BROWSER), given the link
+    browser.write_text(f"#!/bin/sh\necho \"$1\" > {tmp_path / 'opened'}\n")
+    browser.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "ui", "--study", "tiny", "--open",
                              "--storage", storage, "--port", str(port)],
+                            env=dict(os.environ, BROWSER=str(browser)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
@@ -226,6 +230,10 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd):
         assert "workflowType=machine_learning" in runs_link and "viewStateShareKey=harness-tiny" in runs_link
         exp_id = urllib.parse.urlsplit(runs_link).fragment.split("/")[2]
         parent_id = parent_link.split("/runs/")[1].split("?")[0]
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "opened").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "opened").read_text().strip() == runs_link
 
         # the experiment opens on the machine-learning runs table, grouped by candidate
         exp = rest(base, "experiments/get", experiment_id=exp_id)["experiment"]
