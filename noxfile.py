@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, smoke (and gpu where a GPU exists).
+"""nox sessions: tests, lint, typecheck, smoke, ui (and gpu where a GPU exists).
 
 Every session that installs the project installs ``torch==2.13.0`` first (from
 ``$TORCH_INDEX_URL`` when set, e.g. PyTorch's CPU index in CI), so the project's torch range
@@ -61,6 +61,18 @@ def smoke(session: nox.Session) -> None:
     # a plugin author's first minutes: a skeleton, checked by the conformance kit
     session.run("harness", "new-plugin", "attention", "smoke_probe", "--out", tmp, env=ENV)
     session.run("harness", "check", "--plugin", f"{tmp}/smoke_probe.py", env=ENV)
+
+
+@nox.session
+def ui(session: nox.Session) -> None:
+    """`harness ui` after a tiny study, its deep link rendered in headless Chromium (Debian's
+    ``chromium`` package): asserts the run names appear; the screenshot is left in the
+    session's temporary folder."""
+    install(session)
+    shots = os.path.abspath(f"{session.create_tmp()}/ui")  # the tests chdir to their tmp_path
+    session.run("pytest", "-q", "tests/test_ui.py", "-m", "slow", *session.posargs,
+                env={**ENV, "HARNESS_UI_SHOTS": shots, "HARNESS_UI_BROWSER": "required"})
+    session.log(f"screenshot: {shots}/runs.png")
 
 
 @nox.session

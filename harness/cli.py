@@ -18,6 +18,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+from harness.completion import hint
 from harness.errors import HarnessError, Interrupted
 from harness.masking import mask_text
 
@@ -25,8 +26,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _plugin_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
-                   help="load a local plugin file (repeatable)")
+    hint(p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
+                        help="load a local plugin file (repeatable)"), "py")
 
 
 @contextlib.contextmanager
@@ -144,21 +145,21 @@ def _train(args: argparse.Namespace) -> int:
 
 # -- ui --------------------------------------------------------------------------------
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
+    from harness import ui
 
-    from harness import tracking
+    args.quiet = not args.library_output
+    return ui.run(args)
 
-    uri = tracking.tracking_uri(args.tracking_uri)
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-           "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"]
-    if uri.startswith("sqlite:"):
-        cmd += ["--default-artifact-root", tracking.artifact_root().as_uri()]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri} (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
+
+# -- completion ------------------------------------------------------------------------
+def cmd_completion(args: argparse.Namespace) -> int:
+    from harness import completion
+
+    if args.complete is not None:
+        print("\n".join(completion.complete(build_parser(), args.complete)))
+    else:
+        print(completion.script(args.shell))
+    return 0
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -175,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
               harness ui
             """),
     )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    parser.add_argument("--verbose", dest="library_output", action="store_true",
+                        help="let the libraries' own output through (Lightning, MLflow, Optuna "
+                             "info lines and warnings)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("list", help="list registered plugins")
@@ -186,11 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_list)
 
     p = sub.add_parser("train", help="train one run from a YAML file and/or flags")
-    p.add_argument("config", nargs="?", help="run config YAML")
+    hint(p.add_argument("config", nargs="?", help="run config YAML"), "yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set model.params.d_model=128")
-    for flag in ("task", "model", "attention", "position", "experiment"):
-        p.add_argument(f"--{flag}", default=None)
+    for flag in ("task", "model", "attention", "position"):
+        hint(p.add_argument(f"--{flag}", default=None), f"plugin:{flag}")
+    p.add_argument("--experiment", default=None)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -201,10 +207,27 @@ def build_parser() -> argparse.ArgumentParser:
     _tracking_args(p)
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("ui", help="the MLflow UI over the project's store, on 127.0.0.1")
+    p = sub.add_parser("ui", help="the MLflow UI over the project's store, on 127.0.0.1",
+                       description="Start the MLflow UI on 127.0.0.1 and print links to the "
+                                   "runs of each study (or of one, with --study). Ctrl-C stops "
+                                   "it and every process it started.")
     p.add_argument("--port", type=int, default=5000)
+    hint(p.add_argument("--study", default=None, metavar="NAME",
+                        help="link to this study's experiment and parent run"), "study")
+    p.add_argument("--open", action="store_true", help="open the link in a web browser")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage of --study (default: SQLite in $HARNESS_HOME or ./.harness)")
     _tracking_args(p)
     p.set_defaults(handler=cmd_ui)
+
+    p = sub.add_parser("completion", help="shell completion: eval \"$(harness completion bash)\"",
+                       description="Print a completion script for bash or zsh: commands, options, "
+                                   "plugin names (from the cached listing), study files and names. "
+                                   "Add `eval \"$(harness completion bash)\"` to ~/.bashrc "
+                                   "(or `zsh` to ~/.zshrc).")
+    p.add_argument("shell", nargs="?", choices=["bash", "zsh"], default="bash")
+    p.add_argument("--complete", nargs=argparse.REMAINDER, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(handler=cmd_completion)
 
     for module in EXTENSION_MODULES:
         if importlib.util.find_spec(module) is not None:
@@ -217,9 +240,30 @@ def build_parser() -> argparse.ArgumentParser:
 EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold")
 
 
+class _Version(argparse.Action):
+    """``--version``: looks the version up only when asked (``--help`` stays fast)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("attention-harness")
+        except PackageNotFoundError:  # pragma: no cover - a source tree never installed
+            text = "unknown"
+        parser.exit(message=f"harness {text} (attention-harness)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.library_output:
+        from harness import noise
+
+        noise.quiet()
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0

@@ -87,3 +87,17 @@ def val_key(metric: str, length: int | None = None) -> str:
     """The MLflow key of a validation metric: ``val/acc`` at the training length (during
     training), ``val/acc_len256`` at an evaluation length (MLflow forbids ``@`` in keys)."""
     return f"val/{metric}" if length is None else f"val/{metric}_len{length}"
+
+
+def split_val_key(key: str) -> tuple[str, int] | None:
+    """The inverse of :func:`val_key` for a per-length key: ``val/acc_len256`` ->
+    ``("acc", 256)``; None for any other key."""
+    import re
+
+    m = re.fullmatch(r"val/(.+)_len(\d+)", key)
+    return (m[1], int(m[2])) if m else None
+
+
+def curve_key(metric: str) -> str:
+    """The metric whose steps are evaluation lengths: ``extrapolation/acc``."""
+    return f"extrapolation/{metric}"

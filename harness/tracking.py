@@ -23,6 +23,9 @@ from harness.masking import mask_text, mask_url, split_credentials
 
 ENV_HOME = "HARNESS_HOME"
 MAX_PARAM_LEN = 6000
+#: MLflow 3 opens an experiment without this tag in its GenAI view (traces; the runs table
+#: hidden): the harness's experiments say they hold model-training runs.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 STORE_DIR = ".harness"
@@ -100,6 +103,19 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def param_value(value: Any) -> str:
+    """A parameter as a value, not a Python repr: strings as they are, everything else as
+    JSON (``true``, ``null``, ``[16, 32]``, ``{"name": "rope"}``)."""
+    import json
+
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
     try:
         out = subprocess.run(
@@ -114,10 +130,17 @@ class Tracker:
     """A thin layer over ``MlflowClient`` (no global active-run state)."""
 
     def __init__(self, uri: str | None = None) -> None:
-        from mlflow.tracking import MlflowClient
-
         self.uri = without_credentials(tracking_uri(uri))
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The ``MlflowClient``, created (and mlflow imported) on first use."""
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
 
     def experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -137,12 +160,15 @@ class Tracker:
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 self.client.restore_experiment(exp.experiment_id)
+            if EXPERIMENT_KIND[0] not in exp.tags:  # created by an older harness or by hand
+                self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
             return str(exp.experiment_id)
         location = None
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
             location = inside(artifact_root(), name).as_uri()
         try:
-            return str(self.client.create_experiment(name, artifact_location=location))
+            return str(self.client.create_experiment(name, artifact_location=location,
+                                                     tags=dict([EXPERIMENT_KIND])))
         except MlflowException:  # created concurrently by another worker
             exp = self.client.get_experiment_by_name(name)
             assert exp is not None
@@ -165,7 +191,7 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, mask_text(str(v))[:MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+        items = [Param(k, mask_text(param_value(v))[:MAX_PARAM_LEN]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i: i + 100])
 
@@ -183,6 +209,18 @@ class Tracker:
 
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(run_id, metrics=items[i: i + 500])
+
+    def log_series(self, run_id: str, series: dict[str, dict[int, float]]) -> None:
+        """Metrics with their own steps (``{key: {step: value}}``), in one batch."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, points in series.items()
+                 for step, v in sorted(points.items())]
         for i in range(0, len(items), 500):
             self.client.log_batch(run_id, metrics=items[i: i + 500])
 

@@ -4,6 +4,7 @@ end at a toy size (it is not a timed test: only that it measures and records).""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,21 @@ def test_bench_attention_command_prints_and_records_a_table(tmp_path, capsys):
 def test_unknown_variant_is_a_user_error(capsys):
     assert cli.main(["bench", "attention", "--variants", "multihead", "--out", "-"]) == 2
     assert "multi_head" in capsys.readouterr().err
+
+
+def test_bench_never_overwrites_a_recorded_file(tmp_path, monkeypatch, capsys):
+    from harness.bench.cli import output_path
+
+    record = tmp_path / "attention_cpu.md"
+    record.write_text("recorded\n")
+    assert cli.main(["bench", "attention", "--device", "cpu", "--output", str(record)]) == 2
+    assert "--force" in capsys.readouterr().err and record.read_text() == "recorded\n"
+    assert output_path(str(record), "cpu", force=True) == record
+    assert output_path("-", "cpu", force=False) is None
+    monkeypatch.chdir(tmp_path)
+    first = output_path(None, "cpu", force=False, today="2026-11-23")
+    assert first == Path("benchmarks/attention_cpu_2026-11-23.md")
+    first.parent.mkdir()
+    first.write_text("x")
+    assert output_path(None, "cpu", force=False, today="2026-11-23") == Path(
+        "benchmarks/attention_cpu_2026-11-23-2.md")

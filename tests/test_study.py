@@ -66,11 +66,16 @@ def children(client: MlflowClient, parent: str) -> list[Any]:
 
 
 def record(storage: str, name: str) -> dict[str, Any]:
-    return optuna.load_study(study_name=name, storage=storage).user_attrs["harness.record"]
+    return optuna.load_study(study_name=f"{name}/_record", storage=storage).user_attrs["harness.record"]
+
+
+def optuna_name(name: str, phase: str, cand: str) -> str:
+    """What optuna-dashboard lists: NAME/CAND (tuning), NAME/CAND/confirm."""
+    return f"{name}/{cand}" if phase == "tune" else f"{name}/{cand}/confirm"
 
 
 def trials(storage: str, name: str, phase: str, cand: str) -> list[Any]:
-    return optuna.load_study(study_name=f"{name}/{phase}/{cand}", storage=storage).get_trials()
+    return optuna.load_study(study_name=optuna_name(name, phase, cand), storage=storage).get_trials()
 
 
 def brute_force_p(d: list[float]) -> float:
@@ -130,7 +135,7 @@ def test_mlflow_runs_nest_under_one_parent(finished):
     for cand in ("mha", "nope"):
         for phase in ("tune", "confirm"):
             for t in trials(finished["storage"], "tiny", phase, cand):
-                run = by_trial[f"tiny/{phase}/{cand}#{t.number}"]
+                run = by_trial[f"{optuna_name('tiny', phase, cand)}#{t.number}"]
                 assert t.user_attrs["harness.mlflow_run_id"] == run.info.run_id
                 assert run.info.status == "FINISHED"
                 assert run.data.tags["harness.candidate"] == cand
@@ -193,7 +198,8 @@ def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
     out = capsys.readouterr().out
     assert "study tiny: complete" in out and "2/2 (2 complete, 0 pruned, 0 failed)" in out
     other = f"sqlite:///{finished['tmp'] / 'elsewhere.db'}"
-    assert main(["study", "status", "tiny", "--storage", finished["storage"], "--tracking-uri", other]) == 2
+    # status reads the Optuna storage alone; a command that writes to MLflow checks the store
+    assert main(["report", "tiny", "--storage", finished["storage"], "--tracking-uri", other]) == 2
     assert "is not in the tracking store" in " ".join(capsys.readouterr().err.split())
     changed = yaml.safe_load(finished["path"].read_text())
     changed["budget"]["trials"] = 3

@@ -97,14 +97,14 @@ def test_two_workers_share_one_study(tmp_path, harness_home, postgres_url):
     assert [w.returncode for w in workers] == [0, 0], "\n\n".join(outputs)
 
     client = MlflowClient(uri)
-    record = optuna.load_study(study_name="shared", storage=postgres_url).user_attrs["harness.record"]
+    record = optuna.load_study(study_name="shared/_record", storage=postgres_url).user_attrs["harness.record"]
     parent = record["parent_run_id"]
     runs = {r.data.tags["harness.trial"]: r for r in client.search_runs(
         [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")}
     ran_by = set()
     for cand in ("sin", "nope"):
         for phase, slots in (("tune", 4), ("confirm", 2)):
-            name = f"shared/{phase}/{cand}"
+            name = f"shared/{cand}" if phase == "tune" else f"shared/{cand}/confirm"
             trials = optuna.load_study(study_name=name, storage=postgres_url).get_trials()
             assert [t.number for t in trials] == list(range(slots))  # unique, none extra
             assert sorted(t.user_attrs["harness.slot"] for t in trials) == list(range(slots))

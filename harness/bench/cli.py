@@ -28,6 +28,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda was requested but torch sees no CUDA device.")
+    out = output_path(args.out, device, args.force)  # before the measurements, not after
     registry = load(args.plugin)
     names = args.variants or registry.names("attention")
     for name in names:
@@ -43,14 +44,38 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
           f"one subprocess per measurement\n\n{bench.HEADER}", flush=True)
     started, t0 = datetime.now(UTC), time.perf_counter()
     results = bench.benchmark(settings, names, progress=lambda row: print(row, flush=True))
-    if args.out != "-":
-        out = Path(args.out or f"benchmarks/attention_{device}.md")
+    if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         command = "harness " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(bench.markdown(settings, results, bench.machine(device), command, started,
-                                      time.perf_counter() - t0))
+        text = bench.markdown(settings, results, bench.machine(device), command, started,
+                              time.perf_counter() - t0)
+        with open(out, "w" if args.force else "x") as fh:  # "x": never over an existing record
+            fh.write(text)
         print(f"\nwritten to {out}")
     return 0
+
+
+def output_path(requested: str | None, device: str, force: bool, today: str | None = None) -> Path | None:
+    """Where the result goes: ``--output PATH`` (refused if it exists, unless ``--force``),
+    else a new dated file ``benchmarks/attention_<device>_<date>.md`` (``-2``, ``-3`` ... when
+    that day has one already); None for ``--output -``. Committed records are never
+    overwritten silently."""
+    if requested == "-":
+        return None
+    if requested is not None:
+        path = Path(requested)
+        if path.exists() and not force:
+            raise HarnessError(
+                f"--output {path} exists (a recorded benchmark?). Choose another path, leave "
+                f"--output out for a new dated file, or pass --force to overwrite it."
+            )
+        return path
+    stem = f"benchmarks/attention_{device}_{today or datetime.now().strftime('%Y-%m-%d')}"
+    path, n = Path(f"{stem}.md"), 1
+    while path.exists():
+        n += 1
+        path = Path(f"{stem}-{n}.md")
+    return path
 
 
 def default_budget_gb(device: str) -> float:
@@ -94,8 +119,10 @@ def add_parsers(subparsers: Any) -> None:
                         "or 90%% of free GPU memory)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed passes per size")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
-    p.add_argument("--out", default=None,
-                   help="Markdown file (default benchmarks/attention_<device>.md; '-' writes none)")
+    p.add_argument("--output", "--out", dest="out", default=None, metavar="PATH",
+                   help="Markdown file (default: a new dated file benchmarks/attention_<device>_"
+                        "<date>.md; '-' writes none); an existing file is refused without --force")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
     p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
                    help="load a local plugin file (repeatable)")
     p.set_defaults(handler=cmd_bench_attention)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import tracking
-from harness.keys import Metric, Tag, component_tag, val_key
+from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, val_key
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
 from harness.run.fit import Fitted
@@ -83,6 +83,17 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     return metrics
 
 
+def length_curves(metrics: dict[str, float]) -> dict[str, dict[int, float]]:
+    """``val/loss_len64``, ``val/loss_len128`` ... as ``{"extrapolation/loss": {64: .., 128: ..}}``:
+    one metric per quality with the evaluation length as its step."""
+    curves: dict[str, dict[int, float]] = {}
+    for key, value in metrics.items():
+        split = split_val_key(key)
+        if split:
+            curves.setdefault(curve_key(split[0]), {})[split[1]] = value
+    return curves
+
+
 def decoding_state_size(model: Any, length: int) -> int | None:
     """What a model keeps per sequence to decode after ``length`` positions (its
     ``state_size``), or None for a model that does not say (it does not decode)."""
@@ -99,6 +110,7 @@ def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted
            evaluation: Evaluation, metrics: dict[str, float]) -> None:
     """Log a finished run's metrics, its not-applicable lengths and its figures."""
     tracker.log_metrics(run_id, metrics, step=fitted.steps)
+    tracker.log_series(run_id, length_curves(evaluation.metrics))  # the UI charts the curve
     if evaluation.not_applicable:
         tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, evaluation.not_applicable))})
     _log_figures(tracker, run_id, p, built, fitted, evaluation)

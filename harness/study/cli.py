@@ -1,4 +1,4 @@
-"""``harness study run | create | status`` and ``harness report``.
+"""``harness study run | create | status | list`` and ``harness report``.
 
 Only argparse is imported here: ``harness --help`` must stay fast, so every handler imports
 the study and report modules (and through them optuna, mlflow, torch) when it runs.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from harness.completion import hint
 
 
 def _storage_args(p: argparse.ArgumentParser) -> None:
@@ -19,8 +21,14 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
                         "study was created with)")
 
 
+def _say(text: str) -> None:
+    """What the command is doing, at once (the heavy imports come after)."""
+    print(text, flush=True)
+
+
 def _quiet(workers: bool = False) -> None:
-    """Keep a worker's output to one line per trial."""
+    """Optuna configures its own logger when first used: keep it to warnings (and a worker's
+    Lightning output to one line per trial)."""
     import logging
 
     import optuna
@@ -37,19 +45,28 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load and validate the study file (before anything is created), open the storage and
     create or resume the study."""
     from harness.study.schema import load_study_config
-    from harness.study.space import load_registry, validate
-    from harness.study.storage import create_or_resume, default_storage_url, open_storage
 
-    cfg = load_study_config(args.file, args.study_name, args.profile)
+    cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
     if cfg.profile:
         print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
+    _say(f"study '{cfg.name}': checking {len(cfg.candidates)} candidate(s) against the "
+         f"installed plugins (loads torch) ...")
+    from harness.study.space import load_registry, validate
+
     space = validate(cfg, load_registry(cfg))
     _warn_seeds(cfg)
+    from harness.study.storage import create_or_resume, default_storage_url, open_storage, redact
+
     _quiet(workers=True)
     url = args.storage or default_storage_url()
+    _say(f"study '{cfg.name}': opening the Optuna storage {redact(url)} and the MLflow store ...")
     r = cfg.resume
     storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
-    return create_or_resume(space, storage, url, args.tracking_uri), space
+    handle = create_or_resume(space, storage, url, args.tracking_uri)
+    from harness.study.summary import publish_view
+
+    publish_view(handle)  # the link `harness ui --study` prints opens this view
+    return handle, space
 
 
 def _warn_seeds(cfg: Any) -> None:
@@ -69,11 +86,10 @@ def _warn_seeds(cfg: Any) -> None:
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
-    from harness.masking import mask_url
-
+    _say(f"reading {args.file} ...")
     handle, _ = _prepare(args)
     print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}"
-          + (f" --storage {mask_url(args.storage)}`" if args.storage else "`"))
+          + (f" --storage {_masked(args.storage)}`" if args.storage else "`"))
     return 0
 
 
@@ -97,31 +113,48 @@ def cmd_study_run(args: argparse.Namespace) -> int:
 
 
 def _study_run(args: argparse.Namespace) -> int:
-    from harness.masking import mask_text, mask_url
     from harness.report.export import parse_formats
+
+    formats = parse_formats(args.format)  # a typo fails now, not after the training
+    _say(f"reading {args.file} ...")
+    handle, space = _prepare(args)
+    from harness.study.display import StudyDisplay
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker
 
-    formats = parse_formats(args.format)  # a typo fails now, not after the training
-    handle, space = _prepare(args)
     for note in handle.record.get("notes", []):
         print(f"note: {note}")
-    print(mask_text(f"study '{handle.name}': MLflow parent run {handle.parent_run_id} at "
-                    f"{handle.tracker.uri}"), flush=True)
-    summary = run_worker(handle, space, log=lambda line: print(mask_text(line), flush=True))
+    cfg = handle.config
+    print(f"study '{handle.name}': {len(cfg.candidates)} candidate(s) x ({cfg.budget.trials} "
+          f"tuning trials + {cfg.confirm.seeds} confirmation seeds); MLflow parent run "
+          f"{handle.parent_run_id}; browse with `harness ui --study {handle.name}`", flush=True)
+    metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "")
+    with StudyDisplay(metric=metric) as display:
+        summary = run_worker(handle, space, display)
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
     print(describe(handle, progress(handle)))
-    storage = f" --storage {mask_url(args.storage)}" if args.storage else ""
-    if summary.complete and args.report:
-        from harness.report.write import write_report, written_files
+    storage = f" --storage {_masked(args.storage)}" if args.storage else ""
+    if summary.complete:
+        from harness.study.summary import write_summary
 
-        out = write_report(handle, args.out, formats=formats)
-        print(f"report: {', '.join(map(str, written_files(out, formats)))} (also logged to the "
-              f"parent run)")
-    elif summary.complete:
-        print(f"write the report with `harness report {handle.name}{storage}`; browse with `harness ui`")
+        if args.report:
+            from harness.report.write import write_report, written_files
+
+            out = write_report(handle, args.out, formats=formats)
+            print(f"report: {', '.join(map(str, written_files(out, formats)))} (also logged to "
+                  f"the parent run)")
+        else:
+            print(f"write the report with `harness report {handle.name}{storage}`")
+        write_summary(handle)
+        print(f"summary on the MLflow parent run; browse with `harness ui --study {handle.name}`")
     return 0
+
+
+def _masked(url: str) -> str:
+    from harness.study.storage import redact
+
+    return redact(url)
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -133,29 +166,48 @@ def _open(args: argparse.Namespace) -> Any:
     return open_study(args.study, storage, url, args.tracking_uri)
 
 
-def cmd_study_status(args: argparse.Namespace) -> int:
-    from harness.study.progress import describe, progress, reconcile, settle_parent
+def _open_read_only(args: argparse.Namespace, name: str | None) -> tuple[Any, str]:
+    """The storage opened read-only (and the study, when ``name``): no MLflow, no writes."""
+    from harness.study.storage import default_storage_url, open_storage, open_study
 
-    handle = _open(args)
-    ended = reconcile(handle)
-    prog = progress(handle)
-    settle_parent(handle, prog)
-    print(describe(handle, prog))
-    if ended:
-        print(f"  ended {len(ended)} orphaned MLflow run(s) of interrupted trials as KILLED")
+    url = args.storage or default_storage_url()
+    storage = open_storage(url, read_only=True)
+    if name is None:
+        return storage, url
+    return open_study(name, storage, url, args.tracking_uri, check_tracking=False), url
+
+
+def cmd_study_status(args: argparse.Namespace) -> int:
+    """Read-only: computes the view from the Optuna storage; reconciling MLflow runs of
+    interrupted trials is left to ``study run`` and ``report``."""
+    from harness.study.progress import describe, progress
+
+    handle, _ = _open_read_only(args, args.study)
+    print(describe(handle, progress(handle)))
+    return 0
+
+
+def cmd_study_list(args: argparse.Namespace) -> int:
+    from harness.study.progress import describe_list
+
+    storage, url = _open_read_only(args, None)
+    print(describe_list(storage, url))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.report.export import parse_formats
     from harness.report.write import write_report, written_files
+    from harness.study.summary import write_summary
 
     formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
     out = write_report(handle, args.out, formats=formats)
+    write_summary(handle)
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
     for path in written_files(out, formats):
         print(f"  {path}")
+    print(f"browse it with `harness ui --study {handle.name}`")
     return 0
 
 
@@ -167,16 +219,13 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Add ``study`` (run, create, status) and ``report`` to the ``harness`` command."""
-    study = subparsers.add_parser("study", help="comparison studies: run, create, status")
+    """Add ``study`` (run, create, status, list) and ``report`` to the ``harness`` command."""
+    study = subparsers.add_parser("study", help="comparison studies: run, create, status, list")
     sub = study.add_subparsers(dest="study_command", metavar="COMMAND")
     study.set_defaults(handler=lambda args: study.print_help() or 0)
 
     p = sub.add_parser("run", help="create (or resume) a study and work on it until it is complete")
-    p.add_argument("file", help="study YAML (see studies/quickstart.yaml)")
-    p.add_argument("--study-name", default=None, help="override the study's name")
-    p.add_argument("--profile", default=None, metavar="NAME",
-                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
+    _file_args(p, "study YAML (see studies/quickstart.yaml)")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
     _format_arg(p)
@@ -185,22 +234,32 @@ def add_parsers(subparsers: Any) -> None:
 
     p = sub.add_parser("create", help="create a study without running it (before starting "
                                       "several workers)")
-    p.add_argument("file", help="study YAML")
-    p.add_argument("--study-name", default=None, help="override the study's name")
-    p.add_argument("--profile", default=None, metavar="NAME",
-                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
+    _file_args(p, "study YAML")
     _storage_args(p)
     p.set_defaults(handler=cmd_study_create)
 
-    p = sub.add_parser("status", help="progress of a study")
-    p.add_argument("study", help="study name")
+    p = sub.add_parser("status", help="progress of a study (reads the storage, writes nothing)")
+    hint(p.add_argument("study", help="study name"), "study")
     _storage_args(p)
     p.set_defaults(handler=cmd_study_status)
 
+    p = sub.add_parser("list", help="the studies of a storage, with their progress")
+    _storage_args(p)
+    p.set_defaults(handler=cmd_study_list)
+
     p = subparsers.add_parser("report", help="ranked table, curves, front and plots of a study")
-    p.add_argument("study", help="study name")
+    hint(p.add_argument("study", help="study name"), "study")
     p.add_argument("--out", default=None,
                    help="report folder (default: $HARNESS_HOME/reports/<study>)")
     _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_report)
+
+
+def _file_args(p: argparse.ArgumentParser, what: str) -> None:
+    hint(p.add_argument("file", help=what), "yaml")
+    p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the study file, e.g. --set budget.trials=8")

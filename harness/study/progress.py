@@ -1,9 +1,11 @@
 """Where a study stands: its slots by state, the status text, and keeping MLflow in step.
 
 Owns counting each candidate's slots by state (:func:`progress`, read by the worker loop, the
-status command and the report), the best tuning trial, the text of ``harness study status``,
-and reconciliation: failing trials whose worker stopped beating, ending the MLflow runs of
-trials that no longer run, and ending the parent run once the study is complete.
+status and list commands and the report; it reads the Optuna storage only, never MLflow,
+and writes nothing), the best tuning trial, the text of ``harness study status`` and
+``harness study list``, and reconciliation (writes, done by ``study run`` and ``report``):
+failing trials whose worker stopped beating, ending the MLflow runs of trials that no longer
+run, and ending the parent run once the study is complete.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ class CandidateProgress:
 class StudyProgress:
     name: str
     candidates: list[CandidateProgress]
-    parent_status: str
 
     @property
     def complete(self) -> bool:
@@ -65,6 +66,21 @@ class StudyProgress:
     @property
     def running(self) -> int:
         return sum(c.tune.running + c.confirm.running for c in self.candidates)
+
+    @property
+    def done(self) -> int:
+        """Slots that reached a final state (complete, pruned or finally failed)."""
+        return sum(c.tune.done + c.confirm.done for c in self.candidates)
+
+    @property
+    def total(self) -> int:
+        return sum(c.tune.slots + c.confirm.slots for c in self.candidates)
+
+    @property
+    def state(self) -> str:
+        if self.complete:
+            return "complete"
+        return "in progress" if self.done or self.running else "not started"
 
 
 def _retried_numbers(trials: list[Any]) -> set[int]:
@@ -122,8 +138,7 @@ def progress(handle: StudyHandle) -> StudyProgress:
         for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             cp.confirm_values[int(t.user_attrs[Attr.SEED])] = t.values[0]
         out.append(cp)
-    status = handle.tracker.client.get_run(handle.parent_run_id).info.status
-    return StudyProgress(handle.name, out, status)
+    return StudyProgress(handle.name, out)
 
 
 def describe(handle: StudyHandle, prog: StudyProgress) -> str:
@@ -132,10 +147,10 @@ def describe(handle: StudyHandle, prog: StudyProgress) -> str:
     obj = cfg.objective
     length = f"length {obj.length}" if obj.length else "the training length"
     lines = [
-        f"study {handle.name}: {'complete' if prog.complete else 'in progress'}"
-        f" ({prog.running} trial(s) running now)",
+        f"study {handle.name}: {prog.state}, {prog.done}/{prog.total} trials"
+        f" ({prog.running} running now)",
         f"  storage {redact(handle.storage_url)}; MLflow {redact(handle.tracker.uri)}, parent run "
-        f"{handle.parent_run_id} ({prog.parent_status})",
+        f"{handle.parent_run_id} (browse: harness ui --study {handle.name})",
         f"  objective: {obj.direction} val/{obj.metric} at {length}"
         + (f"; cost: {cfg.cost.metric}" if cfg.cost else "")
         + f"; sampler {cfg.sampler.name}; pruner {cfg.pruner.name}",
@@ -155,6 +170,30 @@ def describe(handle: StudyHandle, prog: StudyProgress) -> str:
                      f"{f'{c.confirm.done}/{c.confirm.slots} seeds':<14} {mean:>8}")
     if not prog.complete and prog.running == 0:
         lines.append("  no trial is running: resume with `harness study run FILE`.")
+    return "\n".join(lines)
+
+
+def describe_list(storage: Any, storage_url: str) -> str:
+    """The text of ``harness study list``: each study's state and progress."""
+    import time
+
+    from harness.study.storage import open_study, study_names
+
+    names = study_names(storage)
+    old = study_names(storage, old_layout=True)
+    if not names and not old:
+        return f"no studies in {redact(storage_url)}; start one with `harness study run FILE`."
+    lines = [f"studies in {redact(storage_url)}:",
+             f"  {'study':<24} {'state':<12} {'trials':>9} {'running':>8}   created"]
+    for name in names:
+        handle = open_study(name, storage, storage_url, check_tracking=False)
+        prog = progress(handle)
+        created = handle.record.get("created")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "-"
+        lines.append(f"  {name:<24} {prog.state:<12} {f'{prog.done}/{prog.total}':>9} "
+                     f"{prog.running:>8}   {when}")
+    lines += [f"  {name:<24} created by an earlier harness version (not readable by this one)"
+              for name in old]
     return "\n".join(lines)
 
 
@@ -194,7 +233,9 @@ def reconcile(handle: StudyHandle) -> list[str]:
 
 def settle_parent(handle: StudyHandle, prog: StudyProgress) -> None:
     """A complete study's parent run ends FINISHED (whoever notices first)."""
-    if prog.complete and prog.parent_status != "FINISHED":
+    if not prog.complete:
+        return
+    if handle.tracker.client.get_run(handle.parent_run_id).info.status != "FINISHED":
         handle.tracker.set_tags(handle.parent_run_id, {Tag.STUDY_STATE: "complete"})
         handle.tracker.end_run(handle.parent_run_id, "FINISHED")
 

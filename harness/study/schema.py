@@ -25,6 +25,7 @@ from harness.config import (
     SafeName,
     Seed,
     Strict,
+    apply_overrides,
     format_validation_error,
     read_yaml,
 )
@@ -276,15 +277,18 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
         raise ConfigError(text.replace("invalid config in", "invalid study in", 1)) from None
 
 
-def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
-    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`); the study's
-    name defaults to the file's stem, suffixed with the profile."""
+def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None,
+                      overrides: list[str] | None = None) -> StudyConfig:
+    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`) and then
+    ``key=value`` overrides (as ``--set`` gives them); the study's name defaults to the
+    file's stem, suffixed with the profile."""
     from harness.study import profiles
 
     data = read_yaml(path)
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
     data, chosen = profiles.apply(data, profile, str(path))
+    data = apply_overrides(data, list(overrides or []))
     plugins = data.get("plugins") or []
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         base = Path(path).resolve().parent

@@ -1,8 +1,8 @@
 """Where a study lives: the Optuna storage, the study's record, and its slots.
 
 Owns opening the storage (SQLite by default; with heartbeats, so that the trials of a worker
-that died are re-enqueued), the record study ``NAME`` and the :class:`StudyHandle` built from
-it, creating a study exactly once (parent MLflow run, one Optuna study per candidate and
+that died are re-enqueued), the names of a study's Optuna studies, the record study
+``NAME/_record`` and the :class:`StudyHandle` built from it, creating a study exactly once (parent MLflow run, one Optuna study per candidate and
 phase, every slot enqueued as a WAITING trial) or resuming it, and the two operations through
 which workers share the storage: claiming a slot atomically and beating a claimed slot's
 heartbeat. The design is described in :mod:`harness.study`.
@@ -22,16 +22,39 @@ from typing import Any
 
 from harness import tracking
 from harness.errors import ConfigError, HarnessError
-from harness.keys import Attr, Phase, Tag
+from harness.keys import Attr, Phase, Tag, val_key
 from harness.masking import mask_url
-from harness.study.schema import NAME_PATTERN, StudyConfig, parse_study_config
+from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
 Log = Callable[[str], None]
 
 
+# -- names: what optuna-dashboard lists --------------------------------------------------------
+#: The bookkeeping study of study NAME is ``NAME/_record`` (its definition, fingerprint and
+#: MLflow parent run as user attributes; it holds no trials). Candidate names start with a
+#: letter or digit, so no candidate study can take this name.
+RECORD_SUFFIX = "_record"
+
+
+def record_study_name(name: str) -> str:
+    return f"{name}/{RECORD_SUFFIX}"
+
+
 def phase_study_name(name: str, phase: str, candidate: str) -> str:
-    return f"{name}/{phase}/{candidate}"
+    """``NAME/CAND`` holds a candidate's tuning trials, ``NAME/CAND/confirm`` its
+    confirmation runs (one trial per seed)."""
+    return f"{name}/{candidate}" if phase == Phase.TUNE else f"{name}/{candidate}/{phase}"
+
+
+def objective_names(space: StudySpace) -> list[str]:
+    """The names of a candidate study's objective values (the MLflow metric keys)."""
+    cfg = space.config
+    names = [val_key(cfg.objective.metric, space.objective_length)]
+    if cfg.cost is not None:
+        keys = COSTS[cfg.cost.metric][0]
+        names.append(keys[0] if len(keys) == 1 else f"cost/{cfg.cost.metric}")
+    return names
 
 
 def default_storage_url() -> str:
@@ -84,19 +107,24 @@ def schema_lock(url: str) -> Iterator[None]:
 
 
 def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
-                 max_retry: int = 2, must_exist: bool = False) -> Any:
+                 max_retry: int = 2, must_exist: bool = False, read_only: bool = False) -> Any:
     """An Optuna RDB storage (SQLite by default). With ``heartbeat_s``, running trials record
-    heartbeats and stale ones are re-enqueued up to ``max_retry`` times."""
+    heartbeats and stale ones are re-enqueued up to ``max_retry`` times. ``read_only``: no
+    schema check or creation, and a SQLite file opened read-only (for status and listings)."""
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     url = url or default_storage_url()
-    if must_exist and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    if (must_exist or read_only) and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise HarnessError(
             f"there is no study storage at {url}. Run `harness study run FILE` first, or pass "
             f"--storage with the URL the study was created in."
         )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
+        if read_only:
+            with _no_schema_versioning():
+                return RDBStorage(_read_only_url(url), engine_kwargs=engine,
+                                  skip_table_creation=True, skip_compatibility_check=True)
         with quiet_experimental(), schema_lock(url):
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
@@ -107,6 +135,35 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             f"{str(exc).splitlines()[0] if str(exc) else ''}). Check --storage (for example "
             f"postgresql+psycopg://user@host:5432/db) and that the database server is running."
         ) from None
+
+@contextlib.contextmanager
+def _no_schema_versioning() -> Iterator[None]:
+    """Reading trials needs no schema-version bookkeeping; Optuna's imports alembic (0.6 s,
+    and it may stamp a version: a write). Skipped where Optuna's layout is the one known."""
+    try:
+        from optuna.storages._rdb import storage as rdb
+    except ImportError:  # another layout: construct the storage as usual
+        yield
+        return
+    original = getattr(rdb, "_VersionManager", None)
+    if original is None:
+        yield
+        return
+    rdb._VersionManager = lambda *args, **kwargs: None  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        rdb._VersionManager = original  # type: ignore[misc]
+
+
+def _read_only_url(url: str) -> str:
+    """A SQLite database opened read-only (SQLite's URI ``mode=ro``); other URLs as given."""
+    if not url.startswith("sqlite:///"):
+        return url
+    from urllib.parse import quote
+
+    return f"sqlite:///file:{quote(url[len('sqlite:///'):])}?mode=ro&uri=true"
+
 
 # -- the study handle ------------------------------------------------------------------------
 @dataclass
@@ -140,20 +197,41 @@ def _read_record(storage: Any, name: str) -> dict[str, Any] | None:
     from optuna.exceptions import OptunaError
 
     try:
-        study_id = storage.get_study_id_from_name(name)
+        study_id = storage.get_study_id_from_name(record_study_name(name))
     except (KeyError, OptunaError):
+        _refuse_old_layout(storage, name)
         return None
     record = storage.get_study_user_attrs(study_id).get(Attr.RECORD)
     return dict(record) if record else {}
 
 
-def study_names(storage: Any) -> list[str]:
-    return sorted(s.study_name for s in storage.get_all_studies()
-                  if Attr.RECORD in s.user_attrs)
+def _refuse_old_layout(storage: Any, name: str) -> None:
+    """Studies created before the record moved to ``NAME/_record`` (their candidates were
+    ``NAME/tune/CAND`` and ``NAME/confirm/CAND``) are not read or resumed."""
+    from optuna.exceptions import OptunaError
+
+    with contextlib.suppress(KeyError, OptunaError):
+        study_id = storage.get_study_id_from_name(name)
+        if Attr.RECORD in storage.get_study_user_attrs(study_id):
+            raise HarnessError(
+                f"study '{name}' was created by an earlier version of the harness, whose Optuna "
+                f"studies are named {name}/tune/CANDIDATE; this version names them {name}/CANDIDATE "
+                f"and cannot read or resume it. Run it under a new name (--study-name NEW), or "
+                f"read the old one with the harness version that created it."
+            )
 
 
-def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None) -> StudyHandle:
-    """An existing study by name, or a HarnessError listing the studies in the storage."""
+def study_names(storage: Any, old_layout: bool = False) -> list[str]:
+    """The studies in a storage (``old_layout``: those of an earlier version instead)."""
+    suffix = "/" + RECORD_SUFFIX
+    return sorted(s.study_name.removesuffix(suffix) for s in storage.get_all_studies()
+                  if Attr.RECORD in s.user_attrs and s.study_name.endswith(suffix) != old_layout)
+
+
+def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None,
+               check_tracking: bool = True) -> StudyHandle:
+    """An existing study by name, or a HarnessError listing the studies in the storage.
+    ``check_tracking=False``: do not look for the parent run in MLflow (nor import it)."""
     import difflib
     import re
 
@@ -169,7 +247,7 @@ def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | No
     config = parse_study_config(record["config"], f"the record of study '{name}'")
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or record.get("tracking_uri")
     handle = StudyHandle(name, storage, storage_url, record, config, tracking.Tracker(uri))
-    if record.get("ready"):
+    if record.get("ready") and check_tracking:
         _check_parent(handle)
     return handle
 
@@ -198,7 +276,7 @@ def create_or_resume(space: StudySpace, storage: Any, storage_url: str,
     if _read_record(storage, name) is None:
         try:
             with quiet_experimental():
-                optuna.create_study(study_name=name, storage=storage)  # the creation lock
+                optuna.create_study(study_name=record_study_name(name), storage=storage)  # the creation lock
         except optuna.exceptions.DuplicatedStudyError:
             pass
         else:
@@ -234,6 +312,8 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
             log: Log) -> StudyHandle:
     import optuna
 
+    from harness.study.summary import protocol_params
+
     config = space.config
     name = str(config.name)
     tracker = tracking.Tracker(tracking_uri)
@@ -242,7 +322,7 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
         Tag.STUDY: name, Tag.KIND: "study", Tag.STORAGE: redact(storage_url),
         Tag.FINGERPRINT: config.fingerprint(), Tag.NOTES: "; ".join(space.notes),
     })
-    tracker.log_params(parent, {"study": config.protocol_dict()})
+    tracker.log_params(parent, protocol_params(config))
     tracker.log_dict(parent, config.model_dump(mode="json"), "study.yaml")
     tracker.client.update_run(parent, status="SCHEDULED")
     with quiet_experimental():
@@ -253,6 +333,7 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
                                             storage=storage,
                                             directions=config.directions())  # type: ignore[arg-type]
                 study.set_user_attr(Attr.CANDIDATE, cand.name)
+                study.set_metric_names(objective_names(space))
                 for slot, seed in enumerate(seeds):
                     attrs: dict[str, Any] = {Attr.SLOT: slot}
                     if seed is not None:
@@ -264,7 +345,10 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
         "notes": space.notes, "train_length": space.train_length,
         "eval_lengths": list(space.eval_lengths), "created": time.time(), "ready": True,
     }
-    storage.set_study_user_attr(storage.get_study_id_from_name(name), Attr.RECORD, record)
+    record_id = storage.get_study_id_from_name(record_study_name(name))
+    storage.set_study_user_attr(record_id, "about", "the harness's bookkeeping for study "
+                                f"'{name}' (no trials): its candidates are {name}/CANDIDATE")
+    storage.set_study_user_attr(record_id, Attr.RECORD, record)
     log(f"created study '{name}' in {redact(storage_url)}; MLflow parent run {parent}")
     return StudyHandle(name, storage, storage_url, record, config, tracker)
 

@@ -20,6 +20,7 @@ from typing import Any
 from harness.errors import ConfigError, HarnessError, RunFailed
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
+from harness.study.display import StudyDisplay
 from harness.study.progress import (
     StudyProgress,
     best_trial,
@@ -31,7 +32,6 @@ from harness.study.progress import (
 from harness.study.schema import COSTS, StudyConfig
 from harness.study.space import StudySpace
 from harness.study.storage import (
-    Log,
     StudyHandle,
     claim_slot,
     heartbeat,
@@ -123,7 +123,7 @@ def _find_run(handle: StudyHandle, key: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: Log) -> str:
+def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, display: StudyDisplay) -> str:
     """Run one claimed slot to a final Optuna state; returns that state's name."""
     import optuna
     from optuna.trial import TrialState
@@ -141,7 +141,11 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
     key = f"{study.study_name}#{number}"
     tags: dict[str, str] = {Tag.STUDY: handle.name, Tag.PHASE: str(job.phase), Tag.CANDIDATE: job.cand.name,
             Tag.TRIAL: key, Tag.TRIAL_NUMBER: str(number), Tag.SLOT: str(slot), Tag.WORKER: worker}
-    label = f"[{job.phase} {job.cand.name} #{number}]"
+    if job.phase == Phase.CONFIRM:  # known before the run config (which may fail)
+        tags[Tag.SEED] = str(job.trial.user_attrs[Attr.SEED])
+    label = f"[{run_name(tags)}]"
+    log = display.log
+    display.job_started(run_name(tags))
     started = time.monotonic()
     with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
         study.get_trials(deepcopy=False)  # like ask(): the study's storage now knows the trial
@@ -150,7 +154,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
             run = _job_run_config(handle, space, job, trial)
             tags[Tag.SEED] = str(run["train"]["seed"])
             run["tracking"] = {"uri": handle.tracker.uri, "experiment": handle.record["experiment"],
-                               "run_name": f"{job.cand.name} {job.phase} #{number}"}
+                               "run_name": run_name(tags)}
             trial.set_user_attr(Attr.CONFIG, run)
             callback = trial_callback(
                 trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
@@ -182,6 +186,14 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
             return "FAIL"
 
 
+def run_name(tags: dict[str, str]) -> str:
+    """A child run's name: ``rope/tune/trial-3`` (tuning trial 3) or ``rope/confirm/seed-2``
+    (the confirmation run with seed 2), so the runs table reads like the study."""
+    if tags[Tag.PHASE] == Phase.CONFIRM and Tag.SEED in tags:
+        return f"{tags[Tag.CANDIDATE]}/{Phase.CONFIRM}/seed-{tags[Tag.SEED]}"
+    return f"{tags[Tag.CANDIDATE]}/{tags[Tag.PHASE]}/trial-{tags[Tag.TRIAL_NUMBER]}"
+
+
 def _job_run_config(handle: StudyHandle, space: StudySpace, job: Job, trial: Any) -> dict[str, Any]:
     cfg = handle.config
     if job.phase == Phase.TUNE:
@@ -205,9 +217,7 @@ def _fail(handle: StudyHandle, study: Any, trial: Any, key: str, tags: dict[str,
     run_id = _find_run(handle, key)
     if run_id is None:
         run_id = handle.tracker.start_run(handle.record["experiment"], parent_run_id=handle.parent_run_id,
-                                          run_name=f"{tags[Tag.CANDIDATE]} {tags[Tag.PHASE]} "
-                                                   f"#{tags[Tag.TRIAL_NUMBER]}",
-                                          tags={**tags, Tag.FAILURE: reason})
+                                          run_name=run_name(tags), tags={**tags, Tag.FAILURE: reason})
         handle.tracker.end_run(run_id, "FAILED")
     trial.set_user_attr(Attr.RUN, run_id)
     study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -220,10 +230,13 @@ class WorkerSummary:
     complete: bool = False
 
 
-def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> WorkerSummary:
+def run_worker(handle: StudyHandle, space: StudySpace, display: StudyDisplay | None = None) -> WorkerSummary:
     """Claim and run slots until the study is complete (or ``budget.time_total_s`` passed):
     retry interrupted trials, end orphaned runs, wait while other workers hold the last
-    slots, and end the parent run FINISHED when everything is done."""
+    slots, and end the parent run FINISHED when everything is done. ``display`` shows each
+    finished trial and where the study stands (default: plain lines on stdout)."""
+    display = display or StudyDisplay(live=False)
+    log = display.log
     cfg = handle.config
     worker = f"{socket.gethostname()}:{os.getpid()}"
     started = time.monotonic()
@@ -234,6 +247,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> Work
             fail_stale(handle)
             reconcile(handle)
             prog = progress(handle)
+            display.update(prog)
             if prog.complete:
                 settle_parent(handle, prog)
                 summary.complete = True
@@ -248,7 +262,10 @@ def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> Work
             if not parent_running:
                 handle.tracker.client.update_run(handle.parent_run_id, status="RUNNING")
                 parent_running = True
-            state = run_job(handle, space, job, worker, log)
+            try:
+                state = run_job(handle, space, job, worker, display)
+            finally:
+                display.job_started(None)
             summary.jobs[state] = summary.jobs.get(state, 0) + 1
     finally:
         if not summary.complete and parent_running:

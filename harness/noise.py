@@ -1,0 +1,31 @@
+"""Keep other libraries' chatter off the terminal (``harness --verbose`` lets it through).
+
+What a user cannot act on: Lightning's "GPU available: False" lines, its tips and "Trainer.fit
+stopped" notices, MLflow's "Creating initial MLflow database tables" and alembic migration
+lines, Optuna's "A new study created" lines, and warnings raised inside those libraries about
+their own internals. What stays: the harness's own output, every error, and warnings logged
+at WARNING or above. Imports nothing heavy: it runs before the libraries are imported, so
+most of it is environment variables and logging configuration they pick up when they load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+#: Warnings about a library's own internals (module regexes of where they are raised).
+INTERNAL_WARNINGS = (r"(lightning|lightning_fabric|pytorch_lightning|torch|mlflow|optuna|"
+                     r"optuna_integration|pydantic|sqlalchemy|alembic|matplotlib)(\..*)?$")
+
+
+def quiet() -> None:
+    """Silence the libraries' INFO chatter and internal warnings (idempotent)."""
+    # Every logger's INFO and DEBUG records, whatever handlers the libraries attach when
+    # they are imported later (Lightning puts its own on the "lightning" logger); the
+    # harness itself prints, it does not log.
+    logging.disable(logging.INFO)
+    # mlflow reads this when it configures its loggers at import, and so does the
+    # ``mlflow server`` that ``harness ui`` starts (it inherits the environment)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    warnings.filterwarnings("ignore", module=INTERNAL_WARNINGS)
