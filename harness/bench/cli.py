@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-from harness.errors import HarnessError
 
 
 def cmd_bench_attention(args: argparse.Namespace) -> int:
-    import torch
-
     from harness.bench import attention as bench
+    from harness.bench import common
     from harness.loader import load
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HarnessError("--device cuda was requested but torch sees no CUDA device.")
+    device = common.resolve_device(args.device)
     registry = load(args.plugin)
     names = args.variants or registry.names("attention")
     for name in names:
@@ -36,36 +26,25 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
         lengths=tuple(args.lengths), batch=args.batch, d_model=args.d_model, heads=args.heads,
         device=device, dtype=args.dtype, causal=not args.bidirectional, threads=args.threads,
         variants=tuple(names), plugins=tuple(os.path.abspath(p) for p in args.plugin),
-        max_memory_gb=args.max_memory_gb or default_budget_gb(device),
+        max_memory_gb=args.max_memory_gb or common.default_budget_gb(device),
         min_time_s=args.min_time, timeout_s=args.timeout,
     )
-    print(f"{bench.machine(device)}\nbudget {settings.max_memory_gb:.1f} GB; "
+    started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
+    out = common.record_path(args.output, "attention", device, started)
+    print(f"{common.machine(device)}\nbudget {settings.max_memory_gb:.1f} GB; "
           f"one subprocess per measurement\n\n{bench.HEADER}", flush=True)
-    started, t0 = datetime.now(UTC), time.perf_counter()
     results = bench.benchmark(settings, names, progress=lambda row: print(row, flush=True))
-    if args.out != "-":
-        out = Path(args.out or f"benchmarks/attention_{device}.md")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        command = "harness " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(bench.markdown(settings, results, bench.machine(device), command, started,
-                                      time.perf_counter() - t0))
-        print(f"\nwritten to {out}")
+    head = common.header(f"Attention benchmark ({device})", device=device, command=common.command_line(),
+                         started=started, seconds=time.perf_counter() - t0, load_before=load_before,
+                         load_after=common.load_line())
+    common.write_record(out, bench.markdown(settings, results, head))
     return 0
 
 
-def default_budget_gb(device: str) -> float:
-    """Half the memory available now (CPU), or 90% of the free GPU memory."""
-    if device == "cuda":
-        import torch
-
-        free, _ = torch.cuda.mem_get_info()
-        return 0.9 * free / 2**30
-    try:
-        with open("/proc/meminfo") as f:
-            available_kb = int(next(line.split()[1] for line in f if line.startswith("MemAvailable")))
-        return 0.5 * available_kb / 2**20
-    except (OSError, StopIteration):
-        return 4.0
+def _output_arg(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--output", "--out", dest="output", default=None, metavar="PATH",
+                   help=f"Markdown record to write, never an existing file (default: a new dated "
+                        f"file benchmarks/{name}_<device>_<date>.md; '-' writes none)")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -94,8 +73,7 @@ def add_parsers(subparsers: Any) -> None:
                         "or 90%% of free GPU memory)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed passes per size")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
-    p.add_argument("--out", default=None,
-                   help="Markdown file (default benchmarks/attention_<device>.md; '-' writes none)")
+    _output_arg(p, "attention")
     p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
                    help="load a local plugin file (repeatable)")
     p.set_defaults(handler=cmd_bench_attention)
