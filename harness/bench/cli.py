@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
+
+from harness.errors import HarnessError
 
 
 def cmd_bench_attention(args: argparse.Namespace) -> int:
@@ -39,6 +42,51 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
                          load_after=common.load_line())
     common.write_record(out, bench.markdown(settings, results, head))
     return 0
+
+
+def cmd_bench_model(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from harness.bench import common
+    from harness.bench import model as bench
+    from harness.config import load_run_config
+
+    overrides = [f"{key}={value}" for flag, key in MODEL_FLAGS
+                 if (value := getattr(args, flag)) is not None] + list(args.set)
+    if args.config is None and not any(o.startswith("task.name=") for o in overrides):
+        raise HarnessError("harness bench model needs a run config file or --task and --model; try "
+                           "`harness bench model benchmarks/configs/transformer_char_lm.yaml`.")
+    config = load_run_config(args.config, overrides).model_dump(mode="json", exclude_unset=True)
+    device = common.resolve_device(args.device)
+    settings = bench.Settings(config=config, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+                              threads=args.threads, device=device, timeout_s=args.timeout,
+                              peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    if args.warmup >= args.steps:
+        raise HarnessError(f"--warmup ({args.warmup}) must be below --steps ({args.steps}): "
+                           f"the throughput is measured over the steps after the warm-up.")
+    started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
+    out = common.record_path(args.output, "model", device, started)
+    print(f"{common.machine(device)}\n{load_before}", flush=True)
+    peak = bench.peak_flops(settings)
+    print(f"peak {peak[0] and peak[0] / 1e9:,.1f} GFLOP/s ({peak[1]})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as home:
+        runs = bench.benchmark(settings, home, progress=lambda line: print(line, flush=True))
+    summary = bench.summarise(runs[0], runs[1], peak[0])
+    head = common.header(f"Model benchmark ({device}): harness vs plain PyTorch", device=device,
+                         command=common.command_line(), started=started, seconds=time.perf_counter() - t0,
+                         load_before=load_before, load_after=common.load_line())
+    text = bench.markdown(settings, *runs, peak, head)
+    print("\n" + text[text.index("| system"):])
+    common.write_record(out, text)
+    failed = bench.failures(summary, args.min_ratio, args.max_fixed_cost)
+    for line in failed:
+        print(f"FAILED: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+#: ``harness bench model`` flags that set a config field (as ``harness train``'s do)
+MODEL_FLAGS = (("task", "task.name"), ("model", "model.name"), ("attention", "model.attention.name"),
+               ("mixer", "model.mixer.name"), ("position", "model.position.name"))
 
 
 def _output_arg(p: argparse.ArgumentParser, name: str) -> None:
@@ -77,3 +125,31 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
                    help="load a local plugin file (repeatable)")
     p.set_defaults(handler=cmd_bench_attention)
+
+    p = kinds.add_parser(
+        "model",
+        help="tokens/s, fixed cost and MFU of a config trained through harness.train vs plain PyTorch",
+        description="Train a run config (a YAML file and/or --task/--model/--set) for a few steps "
+                    "through harness.train, next to a plain-PyTorch reference of the same shapes "
+                    "(benchmarks/reference_models.py), each in a fresh process, alternately; print "
+                    "tokens/s, their ratio, the fixed cost per run and MFU, and write a record.",
+    )
+    p.add_argument("config", nargs="?", help="run config YAML")
+    for flag, key in MODEL_FLAGS:
+        p.add_argument(f"--{flag}", default=None, help=f"sets {key}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set model.params.d_model=256")
+    p.add_argument("--steps", type=int, default=30, help="training steps per run")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of the throughput")
+    p.add_argument("--repeats", type=int, default=3, help="harness/reference pairs, each a fresh process")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's peak (default: measured fp32 matmul on CPU; the table for GPUs)")
+    p.add_argument("--min-ratio", type=float, default=None,
+                   help="exit 1 when harness/reference tokens/s falls below this (e.g. 0.95)")
+    p.add_argument("--max-fixed-cost", type=float, default=None, metavar="SECONDS",
+                   help="exit 1 when the fixed cost per run exceeds this (e.g. 3)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    _output_arg(p, "model")
+    p.set_defaults(handler=cmd_bench_model)
