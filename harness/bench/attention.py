@@ -23,6 +23,7 @@ an attention variant. The core names no concrete variant.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -47,6 +48,8 @@ class Settings:
     min_time_s: float = 1.0  # time passes until this much, at least 1, at most 50
     timeout_s: float = 600.0
     max_pass_s: float = 0.0  # skip a length whose pass would take longer (estimated); 0: never
+    either_direction: bool = False  # run a layer that cannot run causally (or not) the other way
+    baselines: tuple[str, ...] = BASELINES
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Measurement:
     tokens_per_s: float | None = None
     peak_mb: float | None = None
     passes: int = 0
+    causal: bool | None = None  # the direction it ran
 
 
 # -- in the worker process -----------------------------------------------------------------
@@ -101,8 +105,15 @@ def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
 
     kind, name = split_name(job["variant"])
     spec = load(job["plugins"]).get(kind, name)
-    layer = spec.build(spec.config(), d_model=job["d_model"], num_heads=job["heads"])
-    return layer, lambda x: layer(x, causal=job["causal"])[0]
+    config = spec.config()
+    if getattr(config, "max_length", job["length"]) < job["length"]:  # a fixed-length layer (Linformer)
+        config = dataclasses.replace(config, max_length=job["length"])
+    layer = spec.build(config, d_model=job["d_model"], num_heads=job["heads"])
+    causal = job["causal"]
+    if job.get("either_direction") and ("causal" if causal else "bidirectional") not in layer.directions:
+        causal = not causal
+    job["ran_causal"] = causal
+    return layer, lambda x: layer(x, causal=causal)[0]
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
@@ -126,9 +137,11 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     length = job["length"]
     _, peak_mb = common.peak_mb(lambda: one_pass(length), device)
     sync()
+    common.steady_allocator()
     times = common.timed(lambda: one_pass(length), job["min_time_s"], sync)
     heads = getattr(module, "num_heads", job["heads"])
-    return {"ms": 1000 * common.median(times), "passes": len(times), "peak_mb": peak_mb, "heads": heads}
+    return {"ms": 1000 * common.median(times), "passes": len(times), "peak_mb": peak_mb, "heads": heads,
+            "causal": job.get("ran_causal", job["causal"])}
 
 
 # -- in the parent process -----------------------------------------------------------------
@@ -141,7 +154,7 @@ def run_one(settings: Settings, variant: str, length: int) -> Measurement:
         return Measurement(variant, length, status)
     tokens = settings.batch * length
     return Measurement(variant, length, "ok", result["heads"], result["ms"],
-                       tokens / (result["ms"] / 1000), result["peak_mb"], result["passes"])
+                       tokens / (result["ms"] / 1000), result["peak_mb"], result["passes"], result["causal"])
 
 
 def estimate_gb(measured: list[Measurement], length: int) -> float | None:
@@ -170,18 +183,17 @@ def skip_reason(settings: Settings, done: list[Measurement], length: int) -> str
     return None
 
 
-def benchmark(settings: Settings, names: list[str], progress: Any = print,
-              baselines: tuple[str, ...] = BASELINES) -> list[Measurement]:
+def benchmark(settings: Settings, names: list[str], progress: Any = print) -> list[Measurement]:
     """Every name (baselines first) at every length, smallest first."""
     results: list[Measurement] = []
-    for name in [*baselines, *names]:
+    for name in [*settings.baselines, *names]:
         done: list[Measurement] = []
         for length in sorted(settings.lengths):
             reason = skip_reason(settings, done, length)
             m = Measurement(name, length, reason) if reason else run_one(settings, name, length)
             done.append(m)
             results.append(m)
-            progress(format_row(m, results))
+            progress(format_row(m, results, settings.baselines))
     return results
 
 
@@ -194,11 +206,11 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}" if value and base else "-"
 
 
-def format_row(m: Measurement, results: list[Measurement]) -> str:
+def format_row(m: Measurement, results: list[Measurement], baselines: tuple[str, ...] = BASELINES) -> str:
     if m.status != "ok":
-        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} |" + " |" * 7
+        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} |" + " |" * (3 + 2 * len(baselines))
     speed, memory = [], []
-    for name in BASELINES:
+    for name in baselines:
         base = _baseline(results, name, m.length)
         speed.append(_ratio(m.tokens_per_s, base.tokens_per_s if base else None))
         memory.append(_ratio(m.peak_mb, base.peak_mb if base else None))
@@ -212,10 +224,18 @@ MEMORY_METHOD = {
     "cuda": "`torch.cuda.max_memory_allocated` during the pass minus the memory allocated before it",
     "cpu": common.CPU_MEMORY_METHOD,
 }
-HEADER = (
-    "| variant | heads | L | fwd+bwd ms | passes | tokens/s | speed × SDPA | speed × MHA "
-    "| peak MB | memory × SDPA | memory × MHA |\n" + "|---" * 11 + "|"
-)
+SHORT = {"torch.sdpa": "SDPA", "torch.nn.MultiheadAttention": "MHA"}
+
+
+def header(baselines: tuple[str, ...] = BASELINES) -> str:
+    """The table's header row for these baselines."""
+    speed = "".join(f" speed × {SHORT[b]} |" for b in baselines)
+    memory = "".join(f" memory × {SHORT[b]} |" for b in baselines)
+    return (f"| variant | heads | L | fwd+bwd ms | passes | tokens/s |{speed} peak MB |{memory}\n"
+            + "|---" * (7 + 2 * len(baselines)) + "|")
+
+
+HEADER = header()
 
 
 def workload(settings: Settings) -> str:
@@ -226,7 +246,8 @@ def workload(settings: Settings) -> str:
         skip += f" or one pass would take over {settings.max_pass_s:g} s"
     return f"""- Workload: {mode} self-mixing, batch {settings.batch}, d_model {settings.d_model}, {settings.heads} model heads,
   {settings.dtype}, {settings.threads} torch thread(s); every layer at its default hyper-parameters
-  (`heads` is the head count the layer runs: the single-head classics ignore the model's).
+  (`heads` is the head count the layer runs: the single-head classics ignore the model's), but
+  a layer built for a maximum length (Linformer's `max_length`) is built for the length measured.
 - Throughput: tokens (batch x length) per second of one forward + backward pass: the median
   of the timed passes (repeated for {settings.min_time_s:g} s, at least 1, at most {common.MAX_PASSES}; column
   `passes`) after one untimed full-size pass; each (layer, length) runs in a fresh subprocess.
@@ -236,7 +257,7 @@ def workload(settings: Settings) -> str:
 
 def markdown(settings: Settings, results: list[Measurement], head: str) -> str:
     """The record: ``head`` (machine, date, command: :func:`common.header`) and the table."""
-    rows = "\n".join(format_row(m, results) for m in results)
+    rows = "\n".join(format_row(m, results, settings.baselines) for m in results)
     return f"""{head}{workload(settings)}
 - Baselines, same run and settings: `torch.sdpa` = fused q/k/v projection +
   `F.scaled_dot_product_attention` + output projection; `torch.nn.MultiheadAttention` =

@@ -84,6 +84,90 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    from harness.bench import common
+    from harness.bench import decode as bench
+    from harness.loader import load
+
+    device = common.resolve_device(args.device)
+    registry = load(args.plugin)
+    archs = select(decode_names(registry), args.only)
+    settings = bench.Settings(
+        contexts=tuple(args.contexts), new_tokens=args.new_tokens, batch=args.batch, d_model=args.d_model,
+        layers=args.layers, heads=args.heads, device=device, threads=args.threads,
+        plugins=tuple(os.path.abspath(p) for p in args.plugin),
+        max_memory_gb=args.max_memory_gb or common.default_budget_gb(device), timeout_s=args.timeout,
+        fit_from=args.fit_from,
+    )
+    started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
+    out = common.record_path(args.output, "decode", device, started)
+    print(f"{common.machine(device)}\n{load_before}\n\n{bench.HEADER}", flush=True)
+    points = bench.benchmark(settings, archs, progress=lambda row: print(row, flush=True))
+    print(f"\n{bench.SLOPE_HEADER}\n" + "\n".join(bench.slope_rows(points, settings.fit_from, registry)))
+    head = common.header(f"Decoding benchmark ({device})", device=device, command=common.command_line(),
+                         started=started, seconds=time.perf_counter() - t0, load_before=load_before,
+                         load_after=common.load_line())
+    common.write_record(out, bench.markdown(settings, points, registry, head))
+    return 0
+
+
+def cmd_bench_mixer(args: argparse.Namespace) -> int:
+    from harness.bench import attention, common, decode, mixer
+    from harness.loader import load
+
+    device = common.resolve_device(args.device)
+    registry = load(args.plugin)
+    names = select(mixer.names(registry), args.only)
+    plugins = tuple(os.path.abspath(p) for p in args.plugin)
+    budget = args.max_memory_gb or common.default_budget_gb(device)
+    passes_settings = attention.Settings(
+        lengths=tuple(args.lengths), batch=args.batch, d_model=args.d_model, heads=args.heads, device=device,
+        threads=args.threads, plugins=plugins, max_memory_gb=budget, min_time_s=args.min_time,
+        timeout_s=args.timeout, max_pass_s=args.max_pass_s, either_direction=True, baselines=("torch.sdpa",),
+    )
+    decode_settings = decode.Settings(
+        contexts=tuple(args.contexts), new_tokens=args.new_tokens, d_model=args.d_model, heads=args.heads,
+        device=device, threads=args.threads, plugins=plugins, max_memory_gb=budget, timeout_s=args.timeout,
+        fit_from=args.fit_from,
+    )
+    started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
+    out = common.record_path(args.output, "mixers", device, started)
+    print(f"{common.machine(device)}\n{load_before}\n\n{attention.header(passes_settings.baselines)}", flush=True)
+    passes = attention.benchmark(passes_settings, names, progress=lambda row: print(row, flush=True))
+    generating = set(decode.architectures(registry))
+    points: list[Any] = []
+    if args.contexts:
+        print(f"\n{decode.HEADER}", flush=True)
+        points = decode.benchmark(decode_settings, [n for n in names if n in generating],
+                                  progress=lambda row: print(row, flush=True))
+    rows = mixer.compare(registry, passes, points, args.fit_from)
+    print(f"\n{mixer.SUMMARY_HEADER}\n" + "\n".join(mixer.summary_rows(rows, args.tolerance)))
+    head = common.header(f"Mixer benchmark ({device}): declared against measured growth", device=device,
+                         command=common.command_line(), started=started, seconds=time.perf_counter() - t0,
+                         load_before=load_before, load_after=common.load_line())
+    common.write_record(out, mixer.markdown(passes_settings, passes, decode_settings, points, registry,
+                                            args.tolerance, head))
+    return 0
+
+
+def decode_names(registry: Any) -> list[str]:
+    from harness.bench import decode
+
+    return decode.architectures(registry)
+
+
+def select(names: list[str], only: list[str] | None) -> list[str]:
+    """``names`` limited to those ``--only`` gives (``kind:name`` or a bare name)."""
+    if not only:
+        return names
+    chosen = [n for n in names if n in only or n.split(":", 1)[1] in only]
+    unknown = [o for o in only if not any(o in (n, n.split(":", 1)[1]) for n in names)]
+    if unknown:
+        raise HarnessError(f"--only: {', '.join(unknown)} is not among the architectures measured here "
+                           f"({', '.join(names)}).")
+    return chosen
+
+
 #: ``harness bench model`` flags that set a config field (as ``harness train``'s do)
 MODEL_FLAGS = (("task", "task.name"), ("model", "model.name"), ("attention", "model.attention.name"),
                ("mixer", "model.mixer.name"), ("position", "model.position.name"))
@@ -93,6 +177,17 @@ def _output_arg(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--output", "--out", dest="output", default=None, metavar="PATH",
                    help=f"Markdown record to write, never an existing file (default: a new dated "
                         f"file benchmarks/{name}_<device>_<date>.md; '-' writes none)")
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per measurement")
+    p.add_argument("--max-memory-gb", type=float, default=None,
+                   help="skip sizes estimated above this (default: half the available RAM, "
+                        "or 90%% of free GPU memory)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
+    p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
+                   help="load a local plugin file (repeatable)")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -153,3 +248,49 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     _output_arg(p, "model")
     p.set_defaults(handler=cmd_bench_model)
+
+    p = kinds.add_parser(
+        "decode",
+        help="generated tokens/s and decoding memory against context length, every generating architecture",
+        description="For every architecture that generates (each causal attention variant and each "
+                    "mixer in the transformer, and the recurrent LMs), read a prompt of each context "
+                    "length through the cache and time greedy generation; fit the growth of time per "
+                    "token and of state with context on log-log.",
+    )
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--new-tokens", type=int, default=16, help="generated (and timed) tokens per point")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--only", nargs="+", metavar="NAME", help="only these (kind:name or name)")
+    p.add_argument("--fit-from", type=int, default=1024, help="fit slopes over contexts from this on")
+    _common_args(p)
+    _output_arg(p, "decode")
+    p.set_defaults(handler=cmd_bench_decode)
+
+    p = kinds.add_parser(
+        "mixer",
+        help="time, memory and decoding cost of every mixer and attention variant against length, "
+             "checked against the declared complexity",
+        description="Forward + backward time and peak memory of one layer against the sequence length "
+                    "(fixed width), and decoding time per token against context length, for every "
+                    "mixer and attention variant; fit log-log slopes and compare them with each "
+                    "layer's declared complexity.",
+    )
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--contexts", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096, 8192],
+                   help="decoding contexts (none: skip decoding)")
+    p.add_argument("--new-tokens", type=int, default=16, help="generated (and timed) tokens per point")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed passes per size")
+    p.add_argument("--max-pass-s", type=float, default=120.0,
+                   help="skip a length whose forward + backward would take longer (extrapolated)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="only these (kind:name or name)")
+    p.add_argument("--fit-from", type=int, default=1024, help="fit slopes over lengths from this on")
+    p.add_argument("--tolerance", type=float, default=0.35, help="flag slopes further than this from the declared")
+    _common_args(p)
+    _output_arg(p, "mixers")
+    p.set_defaults(handler=cmd_bench_mixer)

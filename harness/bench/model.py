@@ -262,12 +262,12 @@ def run_config(settings: Settings) -> dict[str, Any]:
 def reference_shapes(settings: Settings) -> dict[str, Any] | str:
     """The reference's shapes for the config, or why there is no reference for it."""
     from harness.config import parse_run_config
+    from harness.loader import load
     from harness.run.build import build_task, task_info
-    from harness.run.pipeline import load_registry
     from harness.run.plan import plan
 
     cfg = parse_run_config(run_config(settings))
-    p = plan(cfg, load_registry(cfg, None))
+    p = plan(cfg, load(cfg.plugins))
     model, params = p.model.name, p.model.as_dict()["params"]
     if str(p.fmt) != "lm":
         return f"no reference for the {p.fmt} format (language modelling only)"
