@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, smoke (and gpu where a GPU exists).
+"""nox sessions: tests, lint, typecheck, smoke, bench (and gpu where a GPU exists).
 
 Every session that installs the project installs ``torch==2.13.0`` first (from
 ``$TORCH_INDEX_URL`` when set, e.g. PyTorch's CPU index in CI), so the project's torch range
@@ -61,6 +61,28 @@ def smoke(session: nox.Session) -> None:
     # a plugin author's first minutes: a skeleton, checked by the conformance kit
     session.run("harness", "new-plugin", "attention", "smoke_probe", "--out", tmp, env=ENV)
     session.run("harness", "check", "--plugin", f"{tmp}/smoke_probe.py", env=ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The model, attention, mixer and decoding benchmarks at a small size (records in a temporary
+    folder). Fails if the harness trains at under 0.95 times the tokens/s of the plain-PyTorch
+    reference, or a run's fixed cost exceeds 3 s (5% of a 60-second trial). About 10 minutes on
+    one CPU thread. Extra arguments go to the model benchmark (``nox -s bench -- --device cuda``)."""
+    install(session)
+    out = session.create_tmp()
+    small = ("--device", "cpu", "--threads", "1")
+    session.run("harness", "bench", "model", "benchmarks/configs/transformer_small.yaml", "--steps", "30",
+                "--warmup", "5", "--repeats", "3", "--min-ratio", "0.95", "--max-fixed-cost", "3",
+                "--output", f"{out}/model.md", *session.posargs, env=ENV)
+    session.run("harness", "bench", "attention", *small, "--lengths", "256", "1024", "--variants",
+                "multi_head", "linear", "additive", "--min-time", "0.5", "--output", f"{out}/attention.md",
+                env=ENV)
+    session.run("harness", "bench", "mixer", *small, "--lengths", "256", "512", "1024", "--contexts", "128",
+                "512", "1024", "--fit-from", "256", "--only", "multi_head", "linear", "mamba", "retnet",
+                "--min-time", "0.5", "--output", f"{out}/mixers.md", env=ENV)
+    session.run("harness", "bench", "decode", *small, "--contexts", "128", "512", "1024", "--fit-from", "128",
+                "--only", "multi_head", "linear", "lstm", "gru", "--output", f"{out}/decode.md", env=ENV)
 
 
 @nox.session

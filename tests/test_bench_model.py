@@ -70,11 +70,13 @@ def test_flops_per_token_is_6n_plus_the_attention_term():
     assert bench.matmul_params(untied) == 4 * 10 + 10  # the lookup table multiplies nothing
 
 
-def test_throughput_counts_the_wall_time_between_steps():
+def test_throughput_counts_the_wall_time_between_steps_but_not_the_interleaved_reference():
     steps = [(0.0, 1.0, 100), (1.5, 2.0, 100), (2.0, 3.0, 100), (3.5, 4.0, 100)]
     rate, step_ms = bench.throughput(steps, warmup=1)
     assert rate == pytest.approx(300 / 2.5)  # from the start of step 1 to the end of step 3
     assert step_ms == pytest.approx(500.0)
+    reference = [(1.0, 1.2), (3.0, 3.4)]  # the second lies in the window: not the harness's time
+    assert bench.throughput(steps, 1, reference)[0] == pytest.approx(300 / 2.1)
 
 
 def test_gate_fails_below_the_ratio_and_above_the_fixed_cost():

@@ -1,27 +1,27 @@
 """Model benchmark: a run config trained through ``harness.train`` next to a plain-PyTorch
-reference of the same shapes (``benchmarks/reference_models.py``).
+reference of the same shapes (``benchmarks/reference_models.py``), in one process at one time.
 
-Each repeat trains the harness run, then the reference, each in a fresh subprocess (see
-:mod:`harness.bench.common`); the ratio of their tokens per second is taken per repeat
-(harness and reference measured back to back, under the same machine load) and the median
-over repeats is reported.
+Each repeat is one fresh process (see :mod:`harness.bench.common`) that trains the harness run
+(``harness.train`` with the config, MLflow tracking on, in a store under a temporary
+``HARNESS_HOME``) and, after each harness step, one step of the reference (a plain loop:
+forward, cross-entropy, backward, gradient clipping, AdamW, LambdaLR, on random batches of the
+same shape), timed on its own. Both see the same machine load, second by second, so their
+ratio holds on a busy machine where separate runs would not; the median of the per-repeat
+ratios is reported. (Alternating steps also makes each model start its step with the other's
+data in the caches: both pay that.)
 
-Harness side (``harness.train`` with the config, MLflow tracking on, in a store under a
-temporary ``HARNESS_HOME``): after the imports and the store's creation, a 2-step warm-up
-run pays the first-use costs of the process (lazy imports, kernel initialisation); then the
-measured run trains ``steps`` steps with validation after the last one only. A callback
-records when each step starts and ends:
+Before the measured run, after the imports and the store's creation, a 2-step warm-up run
+pays the process's first-use costs (lazy imports, kernel initialisation). A callback records
+when each step starts and ends:
 
 * throughput: input tokens of the steps after the first ``warmup`` divided by the wall time
   from the start of the first of them to the end of the last (data loading, logging and
-  everything else between steps included);
+  everything else between steps included), less the interleaved reference steps; the
+  reference's: its tokens over the time of its own steps;
 * fixed cost per run: seconds from the ``train()`` call to the start of the first step
   (plan, build, MLflow run, Lightning set-up) plus seconds from the end of the last step to
   the return (final validation, evaluation, recording), minus the time spent in validation
   loops (reported separately: it scales with the task's validation set, not a fixed cost).
-
-Reference side: the same steps of a plain training loop (forward, cross-entropy, backward,
-gradient clipping, AdamW, LambdaLR) on random batches of the same shape.
 
 Model FLOPs utilisation: FLOPs per token = 6 N + 6 L Σ_attention-layers H (d_k + d_v),
 i.e. 6 N + 12 · layers · d_model · L for a standard Transformer (PaLM, Chowdhery et al. 2022,
@@ -40,6 +40,7 @@ import copy
 import importlib.util
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,15 +126,17 @@ def _clock_class() -> Any:
     import lightning as L
 
     class StepClock(L.Callback):  # type: ignore[misc]
-        """When each training step starts and ends, its tokens, and the validation loops."""
+        """When each training step starts and ends, its tokens, and the validation loops; after
+        each step it runs one step of ``between`` (the reference), timed on its own."""
 
-        def __init__(self, fmt: Any) -> None:
-            self.fmt = fmt
+        def __init__(self, fmt: Any, between: Any = None) -> None:
+            self.fmt, self.between = fmt, between
             self.steps: list[tuple[float, float, int]] = []
+            self.between_steps: list[tuple[float, float]] = []
             self.validation: list[tuple[float, float]] = []
             self.model: Any = None
             self.length = 0
-            self._t = 0.0
+            self._t = self._v = 0.0
 
         def on_train_start(self, trainer: Any, module: Any) -> None:
             self.model = module.model
@@ -143,11 +146,14 @@ def _clock_class() -> Any:
             self.length = self.length or max(batch[k].shape[1] for k in self.fmt.input_keys)
 
         def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int) -> None:
-            if module.device.type == "cuda":
-                import torch
-
-                torch.cuda.synchronize(module.device)
+            sync = common.synchronizer(module.device)
+            sync()
             self.steps.append((self._t, time.perf_counter(), self.fmt.tokens(batch)))
+            if self.between is not None:
+                start = time.perf_counter()
+                self.between(len(self.between_steps))
+                sync()
+                self.between_steps.append((start, time.perf_counter()))
 
         def on_validation_start(self, trainer: Any, module: Any) -> None:
             self._v = time.perf_counter()
@@ -158,38 +164,49 @@ def _clock_class() -> Any:
     return StepClock
 
 
-def throughput(steps: list[tuple[float, float, int]], warmup: int) -> tuple[float, float]:
-    """(tokens/s, median step ms) over the steps after ``warmup``, wall time between them included."""
+def throughput(steps: list[tuple[float, float, int]], warmup: int,
+               paused: Sequence[tuple[float, float]] = ()) -> tuple[float, float]:
+    """(tokens/s, median step ms) over the steps after ``warmup``: their tokens over the wall
+    time from the start of the first to the end of the last (whatever ran between steps
+    included), less the ``paused`` intervals in that window (the interleaved reference)."""
     timed = steps[warmup:] if len(steps) > warmup else steps[-1:]
-    seconds = timed[-1][1] - timed[0][0]
+    start, end = timed[0][0], timed[-1][1]
+    seconds = end - start - sum(b - a for a, b in paused if a >= start and b <= end)
     return sum(t for _, _, t in timed) / seconds, 1000 * common.median([b - a for a, b, _ in timed])
 
 
-def _harness_run(cfg: Any, steps: int, warmup: int) -> dict[str, Any]:
-    """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback."""
+def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None) -> dict[str, Any]:
+    """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
+    runs one ``reference`` step after each of its steps."""
     from harness.run.pipeline import load_registry, train
     from harness.run.plan import plan
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.max_steps = cfg.train.val_every = steps
-    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt)
+    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference)
     start = time.perf_counter()
     train(cfg, callbacks=[clock])
     end = time.perf_counter()
     first, last = clock.steps[0][0], clock.steps[-1][1]
     validation = sum(b - a for a, b in clock.validation if a >= last)
-    tokens_per_s, step_ms = throughput(clock.steps, warmup)
-    before, after = first - start, end - last
-    return {"tokens_per_s": tokens_per_s, "step_ms": step_ms, "before_s": before, "after_s": after,
-            "validation_s": validation, "fixed_s": before + after - validation,
-            "params": count_params(clock.model),
-            "flops_per_token": flops_per_token(clock.model, clock.length)}
+    after = end - last - sum(b - a for a, b in clock.between_steps if a >= last)
+    tokens_per_s, step_ms = throughput(clock.steps, warmup, clock.between_steps)
+    result = {"tokens_per_s": tokens_per_s, "step_ms": step_ms, "before_s": first - start, "after_s": after,
+              "validation_s": validation, "fixed_s": first - start + after - validation,
+              "params": count_params(clock.model), "flops_per_token": flops_per_token(clock.model, clock.length)}
+    if clock.between_steps:
+        timed = clock.between_steps[warmup:]
+        result["reference_s"] = sum(b - a for a, b in timed)
+        result["reference_step_ms"] = 1000 * common.median([b - a for a, b in timed])
+    return result
 
 
 def measure_harness(job: dict[str, Any]) -> dict[str, Any]:
+    """The harness run, with the reference's steps interleaved when ``job["shapes"]`` is set."""
     start = time.perf_counter()
     import lightning  # noqa: F401
     import mlflow  # noqa: F401
+    import torch
 
     from harness import tracking
     from harness.config import parse_run_config
@@ -200,10 +217,24 @@ def measure_harness(job: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     tracking.Tracker(cfg.tracking.uri).experiment_id(cfg.tracking.experiment)
     store = time.perf_counter() - start
-    first = _harness_run(cfg, 2, 0)
-    result = _harness_run(cfg, job["steps"], job["warmup"])
+    step, reference = None, {}
+    if job["shapes"]:
+        shapes = job["shapes"]
+        torch.set_num_threads(job["threads"])
+        torch.manual_seed(0)
+        module = load_reference(job["reference"])
+        model = module.build(shapes).to(shapes["device"])
+        step = module.trainer(model, shapes)
+        tokens = shapes["batch"] * shapes["length"]
+        reference = {"params": count_params(model), "flops_per_token": flops_per_token(model, shapes["length"])}
+    first = _harness_run(cfg, 2, 0, step)
+    result = _harness_run(cfg, job["steps"], job["warmup"], step)
+    if step is not None:
+        timed = job["steps"] - job["warmup"]
+        reference.update(tokens_per_s=tokens * timed / result.pop("reference_s"),
+                         step_ms=result.pop("reference_step_ms"))
     return {**result, "imports_s": imports, "store_s": store, "first_fixed_s": first["fixed_s"],
-            "first_before_s": first["before_s"], "first_after_s": first["after_s"]}
+            "reference": reference}
 
 
 def load_reference(path: str) -> Any:
@@ -213,21 +244,6 @@ def load_reference(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def measure_reference(job: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    shapes = job["shapes"]
-    torch.set_num_threads(job["threads"])
-    torch.manual_seed(0)
-    reference = load_reference(job["reference"])
-    model = reference.build(shapes).to(shapes["device"])
-    times = reference.train(model, shapes)
-    tokens = shapes["batch"] * shapes["length"]
-    tokens_per_s, step_ms = throughput([(a, b, tokens) for a, b in times], job["warmup"])
-    return {"tokens_per_s": tokens_per_s, "step_ms": step_ms, "params": count_params(model),
-            "flops_per_token": flops_per_token(model, shapes["length"])}
 
 
 def measure_peak(job: dict[str, Any]) -> dict[str, Any]:
@@ -243,8 +259,7 @@ def measure_peak(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
-    side = job["side"]
-    return {"harness": measure_harness, "reference": measure_reference, "peak": measure_peak}[side](job)
+    return measure_peak(job) if job["side"] == "peak" else measure_harness(job)
 
 
 # -- in the parent process -----------------------------------------------------------------
@@ -334,29 +349,30 @@ def peak_flops(settings: Settings) -> tuple[float | None, str]:
                              f"matrices, {settings.threads} thread(s), best pass)")
 
 
-def run_side(settings: Settings, side: str, home: str, shapes: dict[str, Any] | None) -> Side:
-    job = {"side": side, "steps": settings.steps, "warmup": settings.warmup, "threads": settings.threads,
+def run_pair(settings: Settings, home: str, shapes: dict[str, Any] | None) -> tuple[Side, Side]:
+    """One repeat: the harness run with the reference's steps interleaved, in a fresh process."""
+    job = {"side": "harness", "steps": settings.steps, "warmup": settings.warmup, "threads": settings.threads,
            "config": run_config(settings), "shapes": shapes, "reference": settings.reference}
     result, status = common.run_worker("harness.bench.model", job, threads=settings.threads,
                                        timeout_s=settings.timeout_s, env={"HARNESS_HOME": home})
     if result is None:
-        return Side(status=status)
+        return Side(status=status), Side(status=status)
+    reference = result.pop("reference")
     main = {k: result.pop(k) for k in ("tokens_per_s", "step_ms", "params", "flops_per_token")}
-    return Side(**main, extra=result)
+    return Side(**main, extra=result), (Side(**reference) if reference else Side(status="-"))
 
 
 def benchmark(settings: Settings, home: str, progress: Any = print) -> tuple[list[Side], list[Side], Any]:
-    """Harness and reference, alternately, ``repeats`` times; also the reference's shapes."""
+    """``repeats`` runs (each with the reference interleaved); also the reference's shapes."""
     shapes = reference_shapes(settings)
     harness_runs, reference_runs = [], []
     for i in range(settings.repeats):
-        h = run_side(settings, "harness", home, None)
+        h, r = run_pair(settings, home, shapes if isinstance(shapes, dict) else None)
         harness_runs.append(h)
-        progress(f"repeat {i + 1}: harness {_fmt_rate(h)}")
         if isinstance(shapes, dict):
-            r = run_side(settings, "reference", home, shapes)
             reference_runs.append(r)
-            progress(f"repeat {i + 1}: reference {_fmt_rate(r)}; ratio {_fmt(ratio_of(h, r), '.3f')}")
+        progress(f"repeat {i + 1}: harness {_fmt_rate(h)}, reference {_fmt_rate(r)}; "
+                 f"ratio {_fmt(ratio_of(h, r), '.3f')}")
     return harness_runs, reference_runs, shapes
 
 
@@ -436,7 +452,8 @@ def markdown(settings: Settings, harness_runs: list[Side], reference_runs: list[
     config = run_config(settings)
     return f"""{head}- Config (as trained, with the benchmark's overrides): `{config}`
 - Steps: {settings.steps} per run, the first {settings.warmup} left out of the throughput; {settings.repeats}
-  repeat(s), harness then reference, each in a fresh process; {settings.threads} torch thread(s).
+  repeat(s), each a fresh process in which one reference step follows each harness step (same
+  machine load for both); {settings.threads} torch thread(s).
 - Reference: {reference_line}
 - Peak: {_fmt(peak[0] and peak[0] / 1e9, ',.1f')} GFLOP/s ({peak[1]}).
 - FLOPs per token = 6 N + 12 · layers · d_model · L (N: parameters in matrix products, the
