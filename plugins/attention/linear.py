@@ -11,10 +11,14 @@ grow linearly with the length.
 * Bidirectional (and cross-attention): one sum over all keys; padded keys get φ(k) = 0, so
   they drop out of numerator and normaliser alike.
 * Causal: the sums are prefix sums S_i = Σ_{j<=i} φ(k_j) v_jᵀ, z_i = Σ_{j<=i} φ(k_j). They
-  are computed in blocks of ``chunk`` positions: the running sums carry everything before
-  a block, a small chunk x chunk lower-triangular product covers the block itself (the
-  standard chunked form; ``chunk = 1`` is the plain recurrence). Same sums, matrix
-  products instead of a Python loop over positions.
+  are computed in blocks of ``chunk`` positions (the standard chunked form, as in
+  flash-linear-attention's ``chunk`` kernels; ``chunk = 1`` is the plain recurrence): a
+  small chunk x chunk lower-triangular product covers the block itself, and the sums of all
+  earlier blocks (one state per block, an exclusive prefix sum over the blocks' own sums)
+  carry everything before it. Every block at once in batched matrix products: time and
+  memory linear in L, never a state per position. The default block is twice the head
+  width (within [16, 128]): the intra-block work (chunk x d) then matches the cross-block
+  work (d x d) per position.
 * Decoding: the cache holds only the running sums (``state["kv"]``, ``state["z"]``), O(1)
   memory and time per token. Cross-attention computes the sums over the (padded) memory
   once, on the first cached step, and keeps them in the cross cache's state: each later
@@ -60,7 +64,8 @@ WHY_NOT_BIAS = (
 class LinearConfig(AttentionConfig):
     """``dropout`` drops whole keys per head (there are no weights to drop)."""
 
-    chunk: Annotated[int, Ge(1)] = 64  # block length of the causal prefix sums (speed only, same result)
+    # block length of the causal prefix sums (speed only, same result); None: 2 x head width in [16, 128]
+    chunk: Annotated[int | None, Ge(1)] = None
 
 
 def feature(x: Tensor) -> Tensor:
@@ -83,25 +88,35 @@ def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None)
 
 
 def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
-    """Query i sees keys j <= i: running sums across blocks, a triangle within one."""
+    """Query i sees keys j <= i: within a block of ``chunk`` positions a lower triangle of
+    φ(q)·φ(k) products, across blocks the sums of every earlier block (an exclusive prefix sum
+    over the blocks' sums), plus the cached sums when decoding. All blocks at once, in batched
+    matrix products: no loop over positions or blocks, and no sum is ever kept per position.
+
+    Values carry a column of ones, so one product gives the numerator (Σ φ(k) vᵀ) and the
+    normaliser (Σ φ(k)) together."""
     b, h, n, d = fq.shape
+    dv = v.shape[-1]
+    chunk = min(chunk, n)
+    pad = (-n) % chunk
+    blocks = (n + pad) // chunk
+    v1 = torch.cat([v, v.new_ones(b, h, n, 1)], dim=-1)
+    if pad:  # zero keys add nothing; the padded queries' rows are dropped
+        fq, fk, v1 = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v1))
+    q = fq.reshape(b * h * blocks, chunk, d)
+    k = fk.reshape(b * h * blocks, chunk, d)
+    v1 = v1.reshape(b * h * blocks, chunk, dv + 1)
+    local = torch.bmm(q, k.transpose(1, 2)).tril()  # within a block: keys at or before the query
+    sums = torch.bmm(k.transpose(1, 2), v1).view(b, h, blocks, d, dv + 1)  # each block's Σ φ(k)[v, 1]ᵀ
+    before = F.pad(sums[:, :, :-1], (0, 0, 0, 0, 1, 0)).cumsum(dim=2)  # every earlier block's
     if state and "kv" in state:
-        kv, z = state["kv"], state["z"]
-    else:
-        kv, z = fq.new_zeros(b, h, d, v.shape[-1]), fq.new_zeros(b, h, d)
-    later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)
-    outs = []
-    for s in range(0, n, chunk):
-        qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
-        m = qc.shape[2]
-        local = (qc @ kc.transpose(-2, -1)).masked_fill(later[:m, :m], 0.0)
-        num = qc @ kv + local @ vc
-        den = qc @ z.unsqueeze(-1) + local.sum(dim=-1, keepdim=True)
-        outs.append(normalise(num, den))
-        kv, z = kv + kc.transpose(-2, -1) @ vc, z + kc.sum(dim=-2)
+        before = before + torch.cat([state["kv"], state["z"].unsqueeze(-1)], dim=-1).unsqueeze(2)
+    out = torch.baddbmm(torch.bmm(q, before.reshape(b * h * blocks, d, dv + 1)), local, v1)
+    out = out.view(b, h, blocks * chunk, dv + 1)[:, :, :n]
     if state is not None:
-        state["kv"], state["z"] = kv, z
-    return torch.cat(outs, dim=2)
+        total = before[:, :, -1] + sums[:, :, -1]
+        state["kv"], state["z"] = total[..., :dv], total[..., dv]
+    return normalise(out[..., :dv], out[..., dv:])
 
 
 class LinearAttention(Attention):
@@ -115,7 +130,7 @@ class LinearAttention(Attention):
 
     def __init__(self, config: LinearConfig, *, d_model: int, num_heads: int) -> None:
         super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
-        self.chunk = config.chunk
+        self.chunk = config.chunk or min(128, max(16, 2 * self.qk_dim))
 
     def state_size(self, length: int) -> int:
         """The running sums, whatever the length: Σ φ(k) vᵀ (H x Dk x Dv) and Σ φ(k) (H x Dk)."""
