@@ -67,12 +67,16 @@ class DeviceBatches:
         return -(-self.per_rank // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        for rows in self.epoch():
+            yield self.batch(rows)
+
+    def epoch(self) -> list[torch.Tensor]:
+        """The rows of this process's batches in the next epoch (a fresh permutation)."""
         n = len(self.examples)
         order = torch.randperm(n, generator=self.generator)
         if self.world > 1:  # equal shares: wrap around to a multiple of world
             order = torch.cat([order, order[: self.per_rank * self.world - n]])[self.rank::self.world]
-        for start in range(0, len(order), self.batch_size):
-            yield self.batch(order[start: start + self.batch_size])
+        return list(order.split(self.batch_size))
 
     def batch(self, rows: torch.Tensor) -> dict[str, Any]:
         """The batch of these rows (host indices): what ``fmt.collate`` of them returns,

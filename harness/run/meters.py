@@ -64,10 +64,11 @@ class DataWait(Profiler):
 
 
 def _put(trainer: Any, key: str, value: float, module: Any, reduce: str | None = None) -> None:
-    """A result in ``callback_metrics`` (summed or averaged over devices when asked)."""
-    tensor = torch.tensor(float(value), dtype=torch.float64, device=module.device)
+    """A result in ``callback_metrics`` (summed or averaged over devices when asked; a
+    reduction runs on the module's device, which the collective backend needs)."""
+    tensor = torch.tensor(float(value), dtype=torch.float64)
     if reduce and trainer.world_size > 1:
-        tensor = trainer.strategy.reduce(tensor, reduce_op=reduce)
+        tensor = trainer.strategy.reduce(tensor.to(module.device), reduce_op=reduce)
     trainer.callback_metrics[key] = tensor
 
 

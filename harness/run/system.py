@@ -109,10 +109,11 @@ class HarnessSystem(L.LightningModule):
         except Exception as exc:
             if not (self.cfg.compile and _compile_error(exc)):
                 raise
-            first = (str(exc).strip().splitlines() or [""])[0]
+            cause = getattr(exc, "inner_exception", None) or exc  # the backend's own error
+            first = (str(cause).strip().splitlines() or [""])[0]
             raise CompileFailed(
                 f"train.compile: torch.compile could not compile model "
-                f"{type(self.model).__name__} ({type(exc).__name__}: {first}). Set "
+                f"{type(self.model).__name__} ({type(cause).__name__}: {first}). Set "
                 f"train.compile: false to train it uncompiled."
             ) from None
 
