@@ -77,7 +77,10 @@ class TrainConfig(Strict):
     accelerator: str = "auto"
     devices: int | str | list[int] = "auto"
     strategy: str = "auto"
-    precision: str = "auto"  # auto: bf16-mixed on GPUs that support it, else 32-true
+    precision: str = Field("auto", description="Lightning precision; auto: bf16-mixed on GPUs "
+                           "that support it, else 32-true (bf16-mixed works on the CPU too)")
+    compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
+                          "that cannot compile fails the run with a message to turn this off")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: default)")
     progress: bool = True
     checkpoint: bool = False

@@ -12,12 +12,14 @@ reason in the ``harness.failure`` tag) or KILLED (pruned or interrupted) — nev
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import tracking
 from harness.config import RunConfig, load_run_config, parse_run_config
+from harness.devices import run_device
 from harness.errors import PluginError
 from harness.keys import Metric
 from harness.memory import PeakMemory
@@ -80,6 +82,7 @@ def train(
     from harness.run.evaluate import evaluate
     from harness.run.fit import fit
 
+    started = time.perf_counter()
     cfg = as_config(config)
     p = plan(cfg, load_registry(cfg, registry))
     built = build(p)
@@ -97,11 +100,14 @@ def train(
         tracker.log_params(run_id, resolved)
         tracker.log_dict(run_id, resolved, "config.yaml")
         tracker.log_metrics(run_id, {Metric.PARAMS: built.num_params})
-        with PeakMemory(_device(cfg)) as peak:
+        with PeakMemory(run_device(cfg.train.accelerator)) as peak:
             fitted = fit(p, built, run_id, tracker.uri, callbacks or [])
-            evaluation = evaluate(p, built, fitted)
-        metrics = run_metrics(built, fitted, evaluation, peak.metrics())
+        evaluated = time.perf_counter()
+        evaluation = evaluate(p, built, fitted)
+        metrics = run_metrics(built, fitted, evaluation, peak.metrics(), time.perf_counter() - evaluated)
         record(tracker, run_id, p, built, fitted, evaluation, metrics)
+        metrics[Metric.TOTAL_S] = time.perf_counter() - started
+        tracker.log_metrics(run_id, {Metric.TOTAL_S: metrics[Metric.TOTAL_S]}, step=fitted.steps)
         not_applicable = evaluation.not_applicable
         status = "FINISHED"
     except BaseException as exc:
@@ -111,13 +117,3 @@ def train(
     finally:
         tracker.end_run(run_id, status)
     return RunResult(run_id, status, metrics, built.num_params, resolved, not_applicable)
-
-
-def _device(cfg: RunConfig) -> Any:
-    """The device whose peak memory a run reports (the first GPU when it trains on one)."""
-    import torch
-
-    accelerator = cfg.train.accelerator
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

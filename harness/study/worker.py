@@ -20,6 +20,7 @@ from typing import Any
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
+from harness.study.counts import cache_trial, slot_progress
 from harness.study.progress import (
     StudyProgress,
     best_trial,
@@ -144,7 +145,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, log: 
     label = f"[{job.phase} {job.cand.name} #{number}]"
     started = time.monotonic()
     with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
-        study.get_trials(deepcopy=False)  # like ask(): the study's storage now knows the trial
+        cache_trial(study, trial_id)  # like ask(): the study's storage now knows the trial
         trial = optuna.trial.Trial(study, trial_id)
         try:
             run = _job_run_config(handle, space, job, trial)
@@ -232,7 +233,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> Work
         while True:
             fail_stale(handle)
             reconcile(handle)
-            prog = progress(handle)
+            prog = slot_progress(handle)  # counts only: loading every trial grows with the study
             if prog.complete:
                 settle_parent(handle, prog)
                 summary.complete = True
