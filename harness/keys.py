@@ -75,6 +75,7 @@ class Metric:
     TRAIN_STEPS = "train/steps"
     # cost: logged by every run (harness.run.record), ranked and plotted by studies
     PARAMS = "cost/params"
+    STATE_SIZE = "cost/state_size"  # decoding-state elements per sequence at the training length
     TOKENS_PER_S = "cost/train_tokens_per_s"  # training steps, warm-up steps excluded
     EVAL_TOKENS_PER_S = "cost/eval_tokens_per_s"  # the final evaluation, every length
     FLOPS_PER_TOKEN = "cost/flops_per_token"  # one training step (forward + backward), counted

@@ -267,9 +267,19 @@ def unknown_params_error(unknown: list[str], known: list[str], where: str) -> Co
 
 
 def to_dict(instance: Any) -> dict[str, Any]:
+    """A config instance as plain data (tuples as lists), as YAML and JSON write it: what a
+    run records can be read back by any safe loader and run again."""
     if dataclasses.is_dataclass(instance) and not isinstance(instance, type):
-        return dataclasses.asdict(instance)
+        return dict(_plain(dataclasses.asdict(instance)))
     return {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def suggest(

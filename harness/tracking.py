@@ -20,9 +20,22 @@ ENV_HOME = "HARNESS_HOME"
 MAX_PARAM_LEN = 6000
 
 
+STORE_DIR = ".harness"
+
+
 def home() -> Path:
-    """The project-local folder for stores and artifacts."""
-    return Path(os.environ.get(ENV_HOME, ".harness")).resolve()
+    """The project's folder for stores and artifacts: ``$HARNESS_HOME``, else the nearest
+    ``.harness`` folder in the working directory or one of its parents (as git finds its
+    repository, so a command run from a sub-folder uses the project's store), else a new
+    ``.harness`` in the working directory."""
+    explicit = os.environ.get(ENV_HOME)
+    if explicit:
+        return Path(explicit).resolve()
+    cwd = Path.cwd().resolve()
+    for folder in (cwd, *cwd.parents):
+        if (folder / STORE_DIR).is_dir():
+            return folder / STORE_DIR
+    return cwd / STORE_DIR
 
 
 def tracking_uri(explicit: str | None = None) -> str:

@@ -278,3 +278,32 @@ def test_a_ddp_spawn_run_on_two_cpu_processes_logs_what_a_single_process_run_log
     run = MlflowClient(tracking.tracking_uri()).get_run(spawned.run_id)
     assert {k for k in run.data.metrics if k.startswith("val/")} == {
         k for k in single.metrics if k.startswith("val/")}
+
+
+def test_attention_maps_carry_each_examples_tokens_for_the_axis_labels(registry):
+    from harness.data import LM
+    from harness.run.evaluate import attention_maps
+
+    task = harness.create_task("copy", length=5, vocab=4, num_train=8, num_val=4, registry=registry)
+    model = harness.create_model("transformer", vocab_size=task.vocab.size, max_length=11,
+                                 registry=registry, d_model=16, heads=2, layers=2)
+    pairs = attention_maps(model, task, LM, count=2)
+    assert len(pairs) == 2
+    for (maps, ids), example in zip(pairs, task.examples("val", 5), strict=False):
+        lm = example["src"] + [3] + example["tgt"]  # src SEP tgt, inputs drop the last token
+        assert ids == lm[:-1]
+        assert len(maps) == 2 and all(m.shape[-2:] == (len(ids), len(ids)) for m in maps)
+
+
+def test_the_project_store_is_found_from_a_sub_folder_like_git_finds_its_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARNESS_HOME")
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    assert tracking.home() == project / ".harness"  # none yet: a new one here
+    (project / ".harness").mkdir()
+    monkeypatch.chdir(project / "src" / "deep")
+    assert tracking.home() == project / ".harness"
+    assert tracking.tracking_uri() == f"sqlite:///{project / '.harness' / 'mlflow.db'}"
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "elsewhere"))
+    assert tracking.home() == tmp_path / "elsewhere"

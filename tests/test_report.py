@@ -288,9 +288,16 @@ def test_golden_study_says_what_the_values_show():
 def captured(monkeypatch, tmp_path):
     """The figures harness.plots draws, kept open for inspection instead of saved."""
     from harness import plots
+    from harness.report import figures  # imported first: it binds save_figure at import
 
     figs = []
-    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=110: figs.append(fig) or Path(path))
+
+    def keep(fig, path, dpi=110):
+        figs.append(fig)
+        return Path(path)
+
+    for module in (plots, figures):
+        monkeypatch.setattr(module, "save_figure", keep)
     return figs
 
 

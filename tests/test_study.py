@@ -433,3 +433,26 @@ def test_sigterm_mid_trial_requeues_at_once(tmp_path, harness_home):
     assert main(["study", "run", str(path), *args]) == 0
     tune = trials(storage, "killed", "tune", "mha")
     assert sum(t.state == TrialState.COMPLETE for t in tune) == 2
+
+
+@pytest.mark.slow
+def test_the_best_configuration_a_report_writes_is_complete_and_reproduces_its_run(finished, monkeypatch):
+    """Issue 12: every declared field (defaults included), runnable with `harness train`, and on
+    CPU the re-run gives the tuning run's validation metrics exactly."""
+    import harness
+
+    path = finished["out"] / "configs" / "mha.yaml"
+    config = yaml.safe_load(path.read_text())
+    assert set(config["model"]["params"]) >= {"d_model", "layers", "heads", "ffn_mult", "dropout",
+                                              "norm", "norm_layer", "mlp", "tie_embeddings"}
+    assert set(config["model"]["attention"]["params"]) >= {"dropout", "bias", "tied_qk", "kv_heads"}
+    assert {"optimizer", "schedule", "lr", "seed", "data_seed", "max_steps"} <= set(config["train"])
+    summary = json.loads((finished["out"] / "summary.json").read_text())
+    best = next(c for c in summary["candidates"] if c["name"] == "mha")
+    tune = trials(finished["storage"], "tiny", "tune", "mha")
+    recorded = MlflowClient(finished["uri"]).get_run(
+        tune[best["best_trial"]].user_attrs["harness.mlflow_run_id"]).data.metrics
+    monkeypatch.setenv("HARNESS_HOME", str(finished["tmp"] / "rerun"))
+    again = harness.train(str(path))
+    for key in ("val/loss", "val/acc", "val/acc_len6", "cost/params"):
+        assert again.metrics[key] == recorded[key], key

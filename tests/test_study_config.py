@@ -151,7 +151,7 @@ def test_width_matching_agrees_with_brute_force(registry, target):
     data["candidates"][0]["model"]["search"] = {"d_model": {"low": 8, "high": 96, "step": 4}}
     space = validate(parse_study_config(data), registry)
     for cand in space.candidates:
-        width, count = space.match_width(cand, space.base_run_config(cand), target)
+        width, count = space.match_width(cand, space.base_run_config(cand))
         assert width == brute_force_width(space, cand, target)
         run = space.base_run_config(cand)
         run["model"]["params"][cand.width_param] = width
@@ -166,7 +166,7 @@ def test_width_matching_skips_invalid_widths(registry):
     data["candidates"][0]["model"]["search"] = {"d_model": [16, 20, 24, 28, 32, 40, 48, 60]}
     space = validate(parse_study_config(data), registry)
     cand = space.candidates[0]
-    width, _ = space.match_width(cand, space.base_run_config(cand), 6000)
+    width, _ = space.match_width(cand, space.base_run_config(cand))
     assert width % 3 == 0
     trial = optuna.create_study().ask()
     run = space.run_config(cand, trial, seed=0)
@@ -189,7 +189,7 @@ def test_matching_needs_a_width_param():
     data = study(budget={"trials": 2, "steps": 20, "params": 5000})
     data["candidates"][1]["model"]["name"] = "no_width"
     msg = error_of(data, registry)
-    assert "candidates[1].model.name: budget.params matches candidates by parameter count" in msg
+    assert "candidates[1].model.name: budget.params matches candidates' widths" in msg
     data["candidates"][1]["model"]["name"] = "transformer"
     data["candidates"][1]["model"]["params"]["d_model"] = 32
     assert "candidates[1].model.params.d_model: budget.params sets the width" in error_of(data, registry)
@@ -292,3 +292,44 @@ def test_optimizer_and_schedule_are_searched_like_any_training_setting(registry)
     assert {"train.optimizer", "train.schedule", "train.momentum"} <= set(trial.params)
     with pytest.raises(ConfigError, match="search.optimizer"):
         validate(parse_study_config(study(search={"optimizer": ["adamw", "lion"]})), registry)
+
+
+def test_widths_can_be_matched_by_decoding_state_size(registry):
+    """budget.state_size: an attention model's KV cache grows with the training length, an
+    LSTM's state with its width only; each width is the one whose state comes closest."""
+    data = study(budget={"trials": 1, "steps": 5, "state_size": 2000})
+    data["candidates"] = [
+        {"name": "mha", "model": {"name": "transformer", "params": {"layers": 1, "heads": 2},
+                                  "search": {"d_model": [8, 16, 32, 64, 128]}, "search_declared": False,
+                                  "position": {"name": "none"}}},
+        {"name": "lstm", "model": {"name": "lstm", "params": {"layers": 1},
+                                   "search": {"width": [64, 256, 1000, 4000]}, "search_declared": False}},
+    ]
+    space = validate(parse_study_config(data), registry)
+    length = space.task.train_length * 2 + 1 - 1  # copy as src SEP tgt: the model reads 2L positions
+    for cand, expect in zip(space.candidates, ({w: 2 * w * length for w in (8, 16, 32, 64, 128)},
+                                               {w: 2 * w for w in (64, 256, 1000, 4000)}), strict=True):
+        width, state = space.match_width(cand, space.base_run_config(cand))
+        assert state == expect[width]
+        assert width == min(expect, key=lambda w: (abs(expect[w] - 2000), w))
+    with pytest.raises(ConfigError, match="keep one"):
+        parse_study_config(study(budget={"trials": 1, "steps": 5, "state_size": 10, "params": 10}))
+    data["candidates"].append({"name": "mixer", "model": {"name": "mlp_mixer", "search_declared": False}})
+    with pytest.raises(ConfigError, match="declares none"):
+        validate(parse_study_config(data), registry)
+
+
+def test_a_candidate_may_be_a_mixer_or_a_preset(registry):
+    data = study()
+    data["candidates"] = [
+        {"name": "pp", "model": {"name": "transformer", "preset": "transformer++", "params": {"layers": 1, "heads": 2},
+                                 "search_declared": False}},
+        {"name": "gla", "model": {"name": "transformer", "params": {"layers": 1, "heads": 2},
+                                  "search_declared": False, "mixer": {"name": "gla"},
+                                  "position": {"name": "none"}}},
+    ]
+    space = validate(parse_study_config(data), registry)
+    pp, gla = (space.run_config(c, None, seed=0) for c in space.candidates)
+    assert pp["model"]["preset"] == "transformer++" and "mixer" not in pp["model"]
+    assert gla["model"]["mixer"]["name"] == "gla"
+    assert space.candidates[1].label() == "transformer · gla · none"

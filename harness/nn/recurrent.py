@@ -46,6 +46,13 @@ class RecurrentCache:
         self.state: State | None = None
         self.length = 0
 
+    def numel_per_sequence(self) -> int:
+        """Elements kept per sequence of the batch (``h``, and ``c`` for an LSTM)."""
+        if self.state is None:
+            return 0
+        tensors = self.state if isinstance(self.state, tuple) else (self.state,)
+        return sum(t.numel() // t.shape[1] for t in tensors)  # (layers, B, H)
+
 
 @dataclass
 class RecurrentConfig:
@@ -83,6 +90,12 @@ class RecurrentLM(nn.Module):
         self.head = nn.Linear(width, num_classes if num_classes is not None else task.vocab_size)
         if config.tie_embeddings and not self.classify:
             self.head.weight = self.embed.weight
+
+    def state_size(self, length: int) -> int:
+        """Decoding-state elements per sequence: every layer's hidden state (and cell state
+        for an LSTM), whatever the length."""
+        rnn = self.rnn
+        return rnn.num_layers * rnn.hidden_size * (2 if self.cell == "lstm" else 1)
 
     def new_cache(self) -> RecurrentCache:
         return RecurrentCache()

@@ -133,8 +133,14 @@ def cost_value(metrics: dict[str, float], cost: str) -> float:
 
 
 def front_cost(handle: StudyHandle) -> str:
-    """The cost on the front's x axis: the study's cost objective, else parameters."""
-    return handle.config.cost.metric if handle.config.cost else "params"
+    """The cost on the front's x axis: the study's ``front``, else its cost objective, else the
+    budget it matches (decoding-state size or parameters)."""
+    cfg = handle.config
+    if cfg.front:
+        return cfg.front
+    if cfg.cost:
+        return cfg.cost.metric
+    return "state_size" if cfg.budget.state_size else "params"
 
 
 # -- collecting -------------------------------------------------------------------------------
@@ -211,9 +217,8 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
             config = config or dict(run.data.params)
         seeds.sort(key=lambda s: s.seed)
-        label = " · ".join(x for x in (cand.model.name,
-                                       cand.model.attention.name if cand.model.attention else "",
-                                       cand.model.position.name if cand.model.position else "") if x)
+        label = " · ".join(c.name for c in (cand.model, cand.model.attention, cand.model.mixer,
+                                            cand.model.position) if c is not None)
         results.append(CandidateResult(
             cand.name, label, seeds,
             {"complete": prog.complete, "pruned": prog.pruned, "failed": prog.failed,

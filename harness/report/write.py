@@ -104,11 +104,15 @@ def _full_document(handle: StudyHandle, results: list[CandidateResult], verdict:
     else:
         notes.append("no attention maps: no attention-based candidate logged any")
     extra.append(("h2", "Best configuration per candidate"))
+    configs = best_configs(handle, out_dir / "configs")
     for r in results:
         if r.best_config:
             shown: dict[str, Any] = {k: r.best_config[k] for k in ("model", "train") if k in r.best_config}
+            runnable = (f" The complete configuration (every declared field, defaults included): "
+                        f"`configs/{r.name}.yaml`; `harness train configs/{r.name}.yaml` re-runs it."
+                        if r.name in configs else "")
             extra.append(("p", f"{r.name}: tuning trial #{r.best_trial}, "
-                               f"val/{proto.metric} = {fmt(r.best_value)}"))
+                               f"val/{proto.metric} = {fmt(r.best_value)}.{runnable}"))
             extra.append(("code", yaml.safe_dump(shown, sort_keys=False).strip()))
         else:
             extra.append(("p", f"{r.name}: no completed tuning trial"))
@@ -117,3 +121,33 @@ def _full_document(handle: StudyHandle, results: list[CandidateResult], verdict:
     strip = seeds_strip(results, verdict, proto, colors, out_dir / "seeds.png")
     return document(results, verdict, proto, seeds_figure=strip,
                     figures=[(t, p) for t, p in figures if p is not None], extra=extra)
+
+
+def best_configs(handle: StudyHandle, folder: Path) -> dict[str, Path]:
+    """Each candidate's best tuning run as a complete, runnable run config: the resolved
+    config that run recorded (``config.yaml``: every declared field, defaults included), less
+    its tracking block (a re-run records where the user's store is)."""
+    import yaml
+
+    from harness.keys import Attr, Phase
+    from harness.study.progress import best_trial
+
+    out: dict[str, Path] = {}
+    for cand in handle.config.candidates:
+        best = best_trial(handle.load(Phase.TUNE, cand.name), handle.config)
+        if best is None or not best.user_attrs.get(Attr.RUN):
+            continue
+        run_id = best.user_attrs[Attr.RUN]
+        try:
+            config = handle.tracker.client.download_artifacts(run_id, "config.yaml")
+        except Exception:  # a run recorded before configs were logged, or a store out of reach
+            continue
+        data = yaml.safe_load(Path(config).read_text())
+        data.pop("tracking", None)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{cand.name}.yaml"
+        path.write_text(f"# Best tuning trial #{best.number} of candidate {cand.name} in study "
+                        f"{handle.name} (MLflow run {run_id}).\n"
+                        + yaml.safe_dump(data, sort_keys=False))
+        out[cand.name] = path
+    return out

@@ -62,9 +62,10 @@ def evaluate(p: Plan, built: Built, fitted: Fitted) -> Evaluation:
     return Evaluation(metrics, ok, na)
 
 
-def attention_maps(model: Any, task: Any, fmt: BatchFormat, count: int = 2) -> list[list[Any]]:
-    """Attention weights (per layer: heads x Lq x Lk) of the first validation examples, for
-    models whose forward accepts ``return_attention=True``."""
+def attention_maps(model: Any, task: Any, fmt: BatchFormat, count: int = 2) -> list[tuple[list[Any], list[int]]]:
+    """Attention weights (per layer: heads x Lq x Lk) of the first validation examples, with
+    each example's input token ids (padding dropped; empty where the maps are not over one
+    input sequence), for models whose forward accepts ``return_attention=True``."""
     import torch
 
     examples = list(task.examples("val", task.train_length)[:count])
@@ -83,4 +84,18 @@ def attention_maps(model: Any, task: Any, fmt: BatchFormat, count: int = 2) -> l
     if not isinstance(out, tuple):
         return []
     layers = [w for w in out[1] if w is not None]
-    return [[w[i].float().cpu().numpy() for w in layers] for i in range(len(examples))] if layers else []
+    if not layers:
+        return []
+    result = []
+    for i in range(len(examples)):
+        ids: list[int] = []
+        if fmt.input_keys == ("tokens",):
+            keep = ~batch["padding_mask"][i]
+            ids = [int(t) for t in batch["tokens"][i][keep].tolist()]
+        maps = [w[i].float().cpu().numpy() for w in layers]
+        if ids and maps[0].shape[-1] != len(ids):  # the model attended over something else
+            ids = []
+        if ids:
+            maps = [m[:, : len(ids), : len(ids)] for m in maps]
+        result.append((maps, ids))
+    return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from harness import devices, tracking
 from harness.keys import Metric, Tag, component_tag, val_key
@@ -87,7 +88,22 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     metrics[Metric.THREADS] = float(torch.get_num_threads())
     metrics[Metric.TRAIN_STEPS] = float(fitted.steps)
     metrics[Metric.PARAMS] = float(built.num_params)
+    state = decoding_state_size(built.model, built.info.max_length)
+    if state is not None:
+        metrics[Metric.STATE_SIZE] = float(state)
     return metrics
+
+
+def decoding_state_size(model: Any, length: int) -> int | None:
+    """What a model keeps per sequence to decode after ``length`` positions (its
+    ``state_size``), or None for a model that does not say (it does not decode)."""
+    measure = getattr(model, "state_size", None)
+    if measure is None:
+        return None
+    try:
+        return int(measure(length))
+    except (NotImplementedError, ValueError):  # a layer without a decoding form (Linformer)
+        return None
 
 
 def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
@@ -116,7 +132,9 @@ def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, 
                                       "points": {str(k): v for k, v in curve.items()}},
                              "plots/extrapolation.json")
         if p.config.train.log_attention and (p.attention is not None or p.attention_roles):
-            for i, maps in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
+            for i, (maps, ids) in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
+                tokens = [task.vocab.token(t) for t in ids] or None
                 path = plots.attention_maps(maps, Path(tmp) / f"attention_{i}.png",
-                                            title=f"{default_run_name(p)} — example {i}")
+                                            title=f"{default_run_name(p)} — example {i}",
+                                            tokens=tokens, text=task.vocab.decode(ids) if ids else "")
                 tracker.log_artifact(run_id, path, "attention")

@@ -53,7 +53,8 @@ class CandidateSpace:
     model: ComponentSpace
     attention: ComponentSpace | None
     position: ComponentSpace | None
-    width_param: str | None = None  # set when the study matches parameter counts
+    mixer: ComponentSpace | None = None
+    width_param: str | None = None  # set when the study matches parameter counts or state sizes
     widths: list[int] = field(default_factory=list)
 
     @property
@@ -61,7 +62,7 @@ class CandidateSpace:
         return self.candidate.name
 
     def components(self) -> list[ComponentSpace]:
-        return [c for c in (self.model, self.attention, self.position) if c is not None]
+        return [c for c in (self.model, self.attention, self.mixer, self.position) if c is not None]
 
     def label(self) -> str:
         return " · ".join(c.spec.name for c in self.components())
@@ -185,11 +186,14 @@ def _width_values(param: Param, override: Any, where: str) -> list[int]:
     return sorted(set(values))
 
 
-def candidate_space(registry: Registry, cand: Candidate, index: int, match_params: bool) -> CandidateSpace:
+def candidate_space(registry: Registry, cand: Candidate, index: int, match: str | None) -> CandidateSpace:
+    """A candidate's search space; ``match`` (``params`` or ``state_size``) when the study
+    sets each candidate's width to match a budget."""
     where = f"candidates[{index}].model"
     width: str | None = None
     widths: list[int] = []
-    if match_params:
+    if match:
+        budget = f"budget.{match}"
         try:
             mspec = registry.get("model", cand.model.name)
         except HarnessError as exc:
@@ -197,21 +201,20 @@ def candidate_space(registry: Registry, cand: Candidate, index: int, match_param
         width = mspec.width_param
         if width is None:
             raise ConfigError(
-                f"{where}.name: budget.params matches candidates by parameter count, but model "
-                f"'{mspec.name}' declares no width_param, so its width cannot be adjusted. Remove "
-                f"budget.params or drop this candidate (or ask the plugin author to set width_param)."
+                f"{where}.name: {budget} matches candidates' widths, but model '{mspec.name}' "
+                f"declares no width_param, so its width cannot be adjusted. Remove {budget} or "
+                f"drop this candidate (or ask the plugin author to set width_param)."
             )
         if width in cand.model.params:
             raise ConfigError(
-                f"{where}.params.{width}: budget.params sets the width; remove the fixed value "
+                f"{where}.params.{width}: {budget} sets the width; remove the fixed value "
                 f"(to restrict the widths tried, list them under search.{width})."
             )
         declared = {p.name: p for p in declared_params(mspec.config)}
         widths = _width_values(declared[width], cand.model.search.get(width), f"{where}.search.{width}")
     model = component_space(registry, "model", cand.model, where, width)
-    attention = position = None
-    if cand.model.attention is not None:
-        attention = component_space(registry, "attention", cand.model.attention, f"{where}.attention")
-    if cand.model.position is not None:
-        position = component_space(registry, "position", cand.model.position, f"{where}.position")
-    return CandidateSpace(index, cand, model, attention, position, width, widths)
+    roles = {}
+    for role in ("attention", "mixer", "position"):
+        comp = getattr(cand.model, role)
+        roles[role] = None if comp is None else component_space(registry, role, comp, f"{where}.{role}")
+    return CandidateSpace(index, cand, model, width_param=width, widths=widths, **roles)

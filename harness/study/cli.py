@@ -40,7 +40,9 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     from harness.study.space import load_registry, validate
     from harness.study.storage import create_or_resume, default_storage_url, open_storage
 
-    cfg = load_study_config(args.file, args.study_name)
+    cfg = load_study_config(args.file, args.study_name, args.profile)
+    if cfg.profile:
+        print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     space = validate(cfg, load_registry(cfg))
     _warn_seeds(cfg)
     _quiet(workers=True)
@@ -151,6 +153,8 @@ def add_parsers(subparsers: Any) -> None:
     p = sub.add_parser("run", help="create (or resume) a study and work on it until it is complete")
     p.add_argument("file", help="study YAML (see studies/quickstart.yaml)")
     p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
     _format_arg(p)
@@ -161,6 +165,8 @@ def add_parsers(subparsers: Any) -> None:
                                       "several workers)")
     p.add_argument("file", help="study YAML")
     p.add_argument("--study-name", default=None, help="override the study's name")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the study file's profile (cpu, full, ...; default: full with a GPU, else cpu)")
     _storage_args(p)
     p.set_defaults(handler=cmd_study_create)
 

@@ -30,6 +30,7 @@ COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
     "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_TENSOR_MB), "minimize"),
     "params": ((Metric.PARAMS,), "minimize"),
+    "state_size": ((Metric.STATE_SIZE,), "minimize"),
 }
 
 
@@ -46,7 +47,9 @@ class SearchComponent(Strict):
 
 class CandidateModel(SearchComponent):
     attention: SearchComponent | None = None
+    mixer: SearchComponent | None = Field(None, exclude_if=lambda v: v is None)
     position: SearchComponent | None = None
+    preset: str | None = Field(None, exclude_if=lambda v: v is None, description="the model's named preset")
     attention_roles: dict[str, ComponentConfig] = Field(
         default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
         description="per-role attention variants, fixed (their params are never searched)",
@@ -78,14 +81,27 @@ class Objective(Strict):
         return self
 
 
+CostName = Literal["tokens_per_s", "peak_memory", "params", "state_size"]
+
+
 class CostObjective(Strict):
-    metric: Literal["tokens_per_s", "peak_memory", "params"]
+    metric: CostName
 
 
 class Budget(Strict):
     trials: int = Field(ge=1, description="tuning trials per candidate")
     steps: int = Field(ge=1, description="optimizer steps of every run")
     params: int | None = Field(None, ge=1, description="match candidates' widths to this parameter count")
+    state_size: int | None = Field(
+        None, ge=1, exclude_if=lambda v: v is None,
+        description="match candidates' widths to this decoding-state size (elements per sequence "
+                    "at the training length, summed over layers), as Zoology and MAD do")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Budget:
+        if self.params is not None and self.state_size is not None:
+            raise ValueError("budget.params and budget.state_size both set a width: keep one")
+        return self
     time_per_run_s: float | None = Field(None, gt=0, description="wall-clock cap of every run")
     time_total_s: float | None = Field(None, gt=0, description="a worker starts no run after this")
 
@@ -132,12 +148,17 @@ class StudyTracking(Strict):
 
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
+    profile: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="the profile of the study file it was loaded with")
     name: str | None = Field(None, pattern=NAME_PATTERN)
     description: str = ""
     task: ComponentConfig
     candidates: list[Candidate] = Field(min_length=1)
     objective: Objective = Field(default_factory=Objective)
     cost: CostObjective | None = None
+    #: the cost on the report's quality-versus-cost front (default: the cost objective, else
+    #: the matched budget: state_size or params)
+    front: CostName | None = Field(None, exclude_if=lambda v: v is None)
     train: dict[str, Any] = Field(default_factory=dict, description="fixed training settings")
     search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
     budget: Budget
@@ -162,6 +183,15 @@ class StudyConfig(Strict):
                 f"(candidates: {', '.join(names)})"
             )
         return self
+
+    @property
+    def width_target(self) -> tuple[str, int] | None:
+        """What candidates' widths are matched on (``params`` or ``state_size``) and the target."""
+        if self.budget.params is not None:
+            return "params", self.budget.params
+        if self.budget.state_size is not None:
+            return "state_size", self.budget.state_size
+        return None
 
     @property
     def multi_objective(self) -> bool:
@@ -220,14 +250,21 @@ def parse_study_config(data: Mapping[str, Any], source: str = "study") -> StudyC
         raise ConfigError(f"invalid study in {source}: " + "; ".join(parts) + more + ".") from None
 
 
-def load_study_config(path: str | Path, name: str | None = None) -> StudyConfig:
-    """Read a study YAML; the study's name defaults to the file's stem."""
+def load_study_config(path: str | Path, name: str | None = None, profile: str | None = None) -> StudyConfig:
+    """Read a study YAML with one of its profiles (:mod:`harness.study.profiles`); the study's
+    name defaults to the file's stem, suffixed with the profile."""
+    from harness.study import profiles
+
     data = read_yaml(path)
     if data.get("kind", "study") != "study":
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
+    data, chosen = profiles.apply(data, profile, str(path))
     base = Path(path).resolve().parent
     data["plugins"] = [str((base / p).resolve()) for p in data.get("plugins") or []]
     if name is not None:
         data["name"] = name
-    data.setdefault("name", Path(path).stem)
+    else:
+        stem = data.get("name") or Path(path).stem
+        data["name"] = f"{stem}-{chosen}" if chosen else stem
+    data["profile"] = chosen
     return parse_study_config(data, str(path))

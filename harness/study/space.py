@@ -138,16 +138,17 @@ class StudySpace:
         train.setdefault("progress", False)
         train.setdefault("devices", 1)  # "auto" would launch one process per GPU
         model: dict[str, Any] = {"name": cand.model.spec.name, "params": values["model"]}
-        for role in ("attention", "position"):
+        for role in ("attention", "mixer", "position"):
             comp = getattr(cand, role)
             if comp is not None:
                 model[role] = {"name": comp.spec.name, "params": values[role]}
         model.update(_fixed_roles(cand))
+        if cand.candidate.model.preset:
+            model["preset"] = cand.candidate.model.preset
         run = {"task": cfg.task.model_dump(), "model": model, "train": train,
                "plugins": list(cfg.plugins)}
         if cand.width_param is not None:
-            assert cfg.budget.params is not None
-            width, _ = self.match_width(cand, run, cfg.budget.params)
+            width, _ = self.match_width(cand, run)
             model["params"][cand.width_param] = width
         return run
 
@@ -180,29 +181,41 @@ class StudySpace:
             return {"name": comp.spec.name, "params": params}
 
         model = entry(cand.model)
-        for comp in (cand.attention, cand.position):
+        for comp in (cand.attention, cand.mixer, cand.position):
             if comp is not None:
                 model[comp.role] = entry(comp)
         model.update(_fixed_roles(cand))
+        if cand.candidate.model.preset:
+            model["preset"] = cand.candidate.model.preset
         return {"task": self.config.task.model_dump(), "model": model}
 
-    def count_params(self, run: dict[str, Any]) -> int | None:
-        """The parameter count of the model a run config builds; None if it is invalid."""
+    def measure(self, run: dict[str, Any], what: str = "params") -> int | None:
+        """The parameter count (``params``) or decoding-state size at the training length
+        (``state_size``) of the model a run config builds; None if it is invalid."""
         from harness.config import parse_run_config
         from harness.run.build import build_model, task_info
         from harness.run.plan import plan
+        from harness.run.record import decoding_state_size
 
         try:
             p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)
-            return int(sum(t.numel() for t in build_model(p, task_info(p, self.task)).parameters()
-                           if t.requires_grad))
+            info = task_info(p, self.task)
+            model = build_model(p, info)
         except HarnessError:
             return None
+        if what == "state_size":
+            return decoding_state_size(model, info.max_length)
+        return int(sum(t.numel() for t in model.parameters() if t.requires_grad))
 
-    def match_width(self, cand: CandidateSpace, run: dict[str, Any], target: int) -> tuple[int, int]:
-        """The width (from ``cand.widths``) whose model is closest to ``target`` parameters,
-        and that count. Binary search: counts grow with width; invalid widths are skipped."""
-        assert cand.width_param is not None
+    def count_params(self, run: dict[str, Any]) -> int | None:
+        return self.measure(run, "params")
+
+    def match_width(self, cand: CandidateSpace, run: dict[str, Any]) -> tuple[int, int]:
+        """The width (from ``cand.widths``) whose model comes closest to the study's width
+        target (parameters or decoding-state size), and that value. Binary search: both grow
+        with width; invalid widths are skipped."""
+        assert cand.width_param is not None and self.config.width_target is not None
+        what, target = self.config.width_target
         counts: dict[int, int | None] = {}
 
         def count(i: int) -> int | None:
@@ -210,7 +223,7 @@ class StudySpace:
             if width not in counts:
                 trial_run = copy.deepcopy(run)
                 trial_run["model"]["params"][cand.width_param] = width
-                counts[width] = self.count_params(trial_run)
+                counts[width] = self.measure(trial_run, what)
             return counts[width]
 
         lo, hi = 0, len(cand.widths) - 1
@@ -226,6 +239,12 @@ class StudySpace:
         for j in (lo, hi):
             count(j)
         valid = {w: n for w, n in counts.items() if n is not None}
+        if not valid and what == "state_size" and self.count_params(run) is not None:
+            raise ConfigError(
+                f"candidates[{cand.index}] ({cand.name}): budget.state_size matches decoding-state "
+                f"sizes, but model '{cand.model.spec.name}' declares none (no state_size: it does "
+                f"not decode incrementally); match by budget.params instead or drop the candidate."
+            )
         if not valid:
             raise ConfigError(
                 f"candidates[{cand.index}] ({cand.name}): no width in {cand.widths} gives a valid "
@@ -284,7 +303,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         raise ConfigError(f"task.name: {exc}") from None
     resolve(tspec.config, config.task.params, "task.params")
     train_ranges = _parse_train(config)
-    match = config.budget.params is not None
+    match = config.width_target[0] if config.width_target else None
     cands = [candidate_space(registry, c, i, match) for i, c in enumerate(config.candidates)]
     space = StudySpace(config, registry, cands, train_ranges, 0, ())
     for cand in cands:
@@ -308,6 +327,5 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
                            "includes the interpreter); on GPUs the run's peak allocation")
     if match:
         for cand in cands:
-            assert config.budget.params is not None
-            space.match_width(cand, space.base_run_config(cand), config.budget.params)
+            space.match_width(cand, space.base_run_config(cand))
     return space

@@ -30,8 +30,9 @@ ENCODER_FORMATS = ("classification", "tagging")
 
 
 def layer_caches(cache: Any) -> Iterator[LayerCache]:
-    """Every :class:`LayerCache` inside a model's cache (lists, tuples and dicts of them)."""
-    if isinstance(cache, LayerCache):
+    """Every :class:`LayerCache` inside a model's cache (lists, tuples and dicts of them), or
+    the cache itself when it counts its own elements (``numel_per_sequence()``)."""
+    if isinstance(cache, LayerCache) or hasattr(cache, "numel_per_sequence"):
         yield cache
     elif isinstance(cache, dict):
         for value in cache.values():
