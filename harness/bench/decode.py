@@ -88,11 +88,11 @@ def build(arch: str, *, d_model: int, layers: int, heads: int, vocab: int = VOCA
     kind, name = arch.split(":", 1)
     if kind == "model":
         width = registry.get("model", name).width_param or "width"
-        return harness.create_model(name, vocab_size=vocab, max_length=max_length, registry=registry,
-                                    **{width: d_model, "layers": layers})
-    layer = {"attention": name} if kind == "attention" else {"mixer": name}
+        params: dict[str, Any] = {width: d_model, "layers": layers}
+        return harness.create_model(name, vocab_size=vocab, max_length=max_length, registry=registry, **params)
+    attention, mixer = (name, None) if kind == "attention" else (None, name)
     return harness.create_model("transformer", vocab_size=vocab, max_length=max_length, registry=registry,
-                                d_model=d_model, layers=layers, heads=heads, **layer)
+                                attention=attention, mixer=mixer, d_model=d_model, layers=layers, heads=heads)
 
 
 def cache_bytes(cache: Any) -> int:

@@ -30,7 +30,7 @@ except embedding tables that are not also an output head: a lookup multiplies no
 the attention term counts the full L x L score and value products of softmax-attention layers
 (a causal kernel that skips the masked half does half of it). Mixers' scans and convolutions
 are not counted (their cost beyond 6 N is small at these widths). Achieved FLOP/s =
-FLOPs per token x tokens/s; MFU = achieved / the device's peak (:data:`PEAK_FLOPS`; on CPU
+FLOPs per token x tokens/s; MFU = achieved / the device's peak (:data:`harness.devices.PEAKS`; on CPU
 the fp32 matrix-multiply rate measured in this run).
 """
 
@@ -47,13 +47,6 @@ from typing import Any
 
 from harness.bench import common
 
-#: Dense bf16 tensor-core peak (FLOP/s) of GPUs, from NVIDIA's data sheets (the sparse
-#: figures halved). Matched against ``torch.cuda.get_device_name()`` in order.
-PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989e12),  # H200 SXM
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # H100 SXM ("NVIDIA H100 80GB HBM3")
-)
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "reference_models.py"
 CPU_PEAK_SIZE = 2048  # torch.mm of two n x n fp32 matrices
 
@@ -336,11 +329,13 @@ def peak_flops(settings: Settings) -> tuple[float | None, str]:
     if settings.device == "cuda":
         import torch
 
+        from harness.devices import peak_for
+
         name = torch.cuda.get_device_name()
-        for key, value in PEAK_FLOPS:
-            if key in name:
-                return value, f"{name}: dense bf16 peak from the data sheet ({key})"
-        return None, f"{name}: not in the table of peaks (pass --peak-tflops)"
+        row = peak_for(name)
+        if row is not None:
+            return row.bf16_tflops * 1e12, f"{name}: dense bf16 peak of the {row.name} ({row.source})"
+        return None, f"{name}: not in the table of peaks (harness.devices.PEAKS; pass --peak-tflops)"
     result, status = common.run_worker("harness.bench.model", {"side": "peak", "threads": settings.threads},
                                        threads=settings.threads, timeout_s=600)
     if result is None:
