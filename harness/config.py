@@ -81,7 +81,8 @@ class TrainConfig(Strict):
                            "that support it, else 32-true (bf16-mixed works on the CPU too)")
     compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
                           "that cannot compile fails the run with a message to turn this off")
-    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: default)")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default; "
+                                       "in a study worker, usable cores ÷ workers on the machine)")
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")

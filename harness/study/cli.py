@@ -76,6 +76,9 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
+    from harness.threads import passive_wait
+
+    passive_wait()  # before torch loads: this worker's idle OpenMP threads sleep, not spin
     from harness.report.export import parse_formats
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker

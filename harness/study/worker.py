@@ -37,6 +37,7 @@ from harness.study.storage import (
     claim_slot,
     heartbeat,
 )
+from harness.threads import register_worker
 
 
 # -- sampler, pruner and the next slot ----------------------------------------------------------
@@ -229,6 +230,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> Work
     started = time.monotonic()
     summary = WorkerSummary()
     parent_running = False
+    unregister = register_worker()  # its runs split the cores with the machine's other workers
     try:
         while True:
             fail_stale(handle)
@@ -251,6 +253,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, log: Log = print) -> Work
             state = run_job(handle, space, job, worker, log)
             summary.jobs[state] = summary.jobs.get(state, 0) + 1
     finally:
+        unregister()
         if not summary.complete and parent_running:
             _leave_parent(handle)
 
