@@ -30,7 +30,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
         device=device, dtype=args.dtype, causal=not args.bidirectional, threads=args.threads,
         variants=tuple(names), plugins=tuple(os.path.abspath(p) for p in args.plugin),
         max_memory_gb=args.max_memory_gb or common.default_budget_gb(device),
-        min_time_s=args.min_time, timeout_s=args.timeout,
+        min_time_s=args.min_time, timeout_s=args.timeout, max_pass_s=args.max_pass_s,
     )
     started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
     out = common.record_path(args.output, "attention", device, started)
@@ -215,6 +215,9 @@ def add_parsers(subparsers: Any) -> None:
                    help="skip sizes estimated above this (default: half the available RAM, "
                         "or 90%% of free GPU memory)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed passes per size")
+    p.add_argument("--max-pass-s", type=float, default=120.0,
+                   help="skip a length whose forward + backward would take longer (extrapolated; "
+                        "memory too small to extrapolate at tiny sizes still bounds the time)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
     _output_arg(p, "attention")
     p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
