@@ -87,9 +87,16 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """On a GPU machine: the tests plus the attention benchmark on CUDA."""
-    session.install("torch")  # the CUDA build from the index
-    session.install("-e", ".[dev]")
-    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no GPU'")
-    session.run("pytest", "-x", *session.posargs)
-    session.run("harness", "bench", "attention", "--device", "cuda")
+    """On a GPU machine: the GPU tests (``tests/test_gpu.py``: a bf16 run with its cost/MFU, compile) and
+    the device-parameter tests, then the model, attention, mixer and decoding benchmarks on
+    CUDA, each written as a new dated record under ``benchmarks/`` (``*_cuda_<date>.md``).
+    Installs the pinned torch from PyPI, whose Linux wheel is the CUDA build (or from
+    ``$TORCH_INDEX_URL``). Fails at once where no GPU is visible."""
+    install(session)
+    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'")
+    session.run("pytest", "tests/test_gpu.py", "tests/test_cost_devices.py", *session.posargs, env=ENV)
+    cuda = ("--device", "cuda")
+    session.run("harness", "bench", "model", "benchmarks/configs/transformer_small.yaml", *cuda, env=ENV)
+    session.run("harness", "bench", "attention", *cuda, "--lengths", "1024", "4096", "16384", env=ENV)
+    session.run("harness", "bench", "mixer", *cuda, env=ENV)
+    session.run("harness", "bench", "decode", *cuda, env=ENV)
