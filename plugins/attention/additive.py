@@ -112,7 +112,8 @@ def chunked_scores(q: Tensor, k: Tensor, v: Tensor, max_elements: int | None) ->
     """``mlp_scores`` over all pairs, at most ``max_elements`` hidden units at a time."""
     b, h, lq, a = q.shape
     lk = k.shape[2]
-    if not max_elements or b * h * lq * lk * a <= max_elements:
+    whole = b * h * lq * lk * a <= (max_elements or 0)
+    if not max_elements or (whole and not (torch.is_grad_enabled() and q.requires_grad | k.requires_grad)):
         return mlp_scores(q, k, v)
     per_row = b * h * lk * a
     rows, cols = (max_elements // per_row, lk) if per_row <= max_elements else (1, max(1, max_elements // (b * h * a)))
