@@ -82,7 +82,7 @@ def main() -> None:
                 print(f"{workers} worker(s): {wall:.1f} s for two runs, tokens/s {[round(t) for t in tps]}",
                       flush=True)
     rows = [f"| {label} | {statistics.median(walls[w]):.1f} | {', '.join(f'{x:.1f}' for x in walls[w])} | "
-            f"{statistics.median(speeds[w]):,.0f} | {2 * statistics.median(walls[1]) / (2 * statistics.median(walls[w])):.2f} |"
+            f"{statistics.median(speeds[w]):,.0f} | {statistics.median(walls[1]) / statistics.median(walls[w]):.2f} |"
             for w, label in ((1, "1 worker x 2 threads"), (2, "2 workers x 1 thread"))]
     text = "\n".join([
         f"\n## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",

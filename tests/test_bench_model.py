@@ -58,12 +58,15 @@ def test_no_reference_says_why(change, reason):
     assert isinstance(why, str) and reason in why
 
 
-def test_flops_per_token_is_6n_plus_the_attention_term():
-    s = settings()
+@pytest.mark.parametrize("tie", [True, False])
+def test_flops_per_token_is_6n_plus_the_attention_term(tie):
+    s = settings(params={**SMALL["model"]["params"], "tie_embeddings": tie})
     shapes = bench.reference_shapes(s)
     model = harness_model(s, shapes)
     d, layers, length = 32, 2, shapes["length"]
     n = sum(p.numel() for p in model.parameters())  # tied head: the table counts once, as a matmul
+    if not tie:
+        n -= shapes["vocab"] * d  # an untied input table is a lookup: it multiplies nothing
     assert bench.matmul_params(model) == n
     assert bench.flops_per_token(model, length) == 6 * n + 12 * layers * d * length
     untied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
