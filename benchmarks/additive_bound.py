@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+
+from harness.bench import common  # noqa: E402
 
 BLOCK = 2**24  # hidden units per block: the plugin's default 64 MB chunk of float32
 
@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    load = os.getloadavg()
+    load = common.load_line()
     rates = kernel_rates()
     d_att = args.d_model  # one head of width d_model (the plugin's defaults)
     rows = []
@@ -111,15 +111,9 @@ def main() -> None:
         bound = sum(p / rates[k] for k in PASS)
         took = measure_pass(length, args.batch, args.d_model)
         rows.append(f"| {length} | {p / 1e6:.0f} | {1000 * bound:.0f} | {1000 * took:.0f} | {took / bound:.2f} |")
-    text = "\n".join([
-        f"\n## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "",
-        f"`python benchmarks/additive_bound.py --lengths {' '.join(map(str, args.lengths))} --batch "
-        f"{args.batch} --d-model {args.d_model}`",
-        "",
-        f"Machine: {platform.node()}, {os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
-        f"Python {platform.python_version()}, 1 torch thread, float32; load average {load[0]:.1f} / "
-        f"{load[1]:.1f} / {load[2]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (shared machine).",
+    common.append_record(args.out, "", f"python benchmarks/additive_bound.py --lengths "
+                         f"{' '.join(map(str, args.lengths))} --batch {args.batch} --d-model {args.d_model}", load, [
+        "One torch thread, float32.",
         "",
         "Measured element-wise rates (elements/s, 2^24-element blocks, outputs preallocated):",
         "",
@@ -128,11 +122,7 @@ def main() -> None:
         "| L | hidden units P (M) | bound (ms) | fwd+bwd (ms) | pass ÷ bound |",
         "|---|---|---|---|---|",
         *rows,
-        "",
     ])
-    print(text)
-    with open(args.out, "a") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from harness.bench import common
 
 CHILD = """
 import json, sys, yaml, harness
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args()
-    load = os.getloadavg()
+    load = common.load_line()
     walls: dict[int, list[float]] = {1: [], 2: []}
     speeds: dict[int, list[float]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="harness-threads-") as tmp:
@@ -84,24 +84,13 @@ def main() -> None:
     rows = [f"| {label} | {statistics.median(walls[w]):.1f} | {', '.join(f'{x:.1f}' for x in walls[w])} | "
             f"{statistics.median(speeds[w]):,.0f} | {statistics.median(walls[1]) / statistics.median(walls[w]):.2f} |"
             for w, label in ((1, "1 worker x 2 threads"), (2, "2 workers x 1 thread"))]
-    text = "\n".join([
-        f"\n## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "",
-        f"`python benchmarks/thread_policy.py --config {args.config} --steps {args.steps} --repeats {args.repeats}`",
-        "",
-        f"Machine: {platform.node()}, {os.cpu_count()} CPUs ({platform.machine()}), Python "
-        f"{platform.python_version()}; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the start, "
-        f"{os.getloadavg()[0]:.1f} at the end (shared machine: other users' processes ran throughout).",
-        "",
+    common.append_record(args.out, "", f"python benchmarks/thread_policy.py --config {args.config} --steps "
+                         f"{args.steps} --repeats {args.repeats}", load, [
         "| arrangement | wall for two runs, median (s) | each repeat (s) | tokens/s per run, median | "
         "throughput vs 1 x 2 |",
         "|---|---|---|---|---|",
         *rows,
-        "",
     ])
-    print(text)
-    with open(args.out, "a") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

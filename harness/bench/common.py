@@ -257,6 +257,19 @@ def write_record(path: Path | None, text: str) -> None:
     print(f"\nwritten to {path}")
 
 
+def append_record(path: str | Path, title: str, command: str, load_before: str, body: list[str]) -> None:
+    """Print a dated section (machine, load before and after, command, then ``body``) and
+    append it to the record at ``path``: for the scripts in ``benchmarks/`` that keep one
+    growing file of measurements."""
+    text = "\n".join([f"\n## {datetime.now().astimezone():%Y-%m-%d %H:%M %Z} {title}".rstrip(), "",
+                      f"`{command}`", "", f"Machine: {machine('cpu')}; {load_before} at the start, "
+                      f"{load_line()} at the end (a shared machine: other users' processes may run).",
+                      "", *body, ""])
+    print(text)
+    with open(path, "a") as f:
+        f.write(text)
+
+
 def command_line() -> str:
     """The command as typed (``harness ...``), for the record."""
     import shlex
