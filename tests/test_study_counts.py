@@ -82,3 +82,45 @@ def test_a_claimed_trial_cached_alone_records_its_parameters(tmp_path: Path) -> 
     done = storage.get_trial(tid)
     assert done.state == TrialState.COMPLETE and done.params == {"x": 0.25} and done.values == [0.5]
     assert [t.state for t in storage.get_all_trials(first._study_id)] == [TrialState.COMPLETE, TrialState.WAITING]
+
+
+def test_the_worker_loop_counts_and_claims_without_loading_every_trial(tmp_path: Path, monkeypatch) -> None:
+    """What keeps a study's bookkeeping linear in its size (benchmarks/study_scale.md): the
+    loop's progress equals the full progress (every trial loaded), and neither it nor claiming
+    a slot loads all of a study's trials (``get_all_trials``, whose cost grows per trial)."""
+    import yaml
+
+    from harness.cli import main
+    from harness.keys import Phase
+    from harness.study.counts import slot_progress
+    from harness.study.progress import progress
+    from harness.study.storage import claim_slot, open_storage, open_study
+
+    data = {"name": "counted", "task": {"name": "copy", "params": {"length": 4, "vocab": 4}},
+            "candidates": [{"name": n, "model": {"name": "transformer", "search_declared": False,
+                                                 "params": {"layers": 1, "heads": 2, "d_model": 8},
+                                                 "attention": {"name": "multi_head", "search_declared": False},
+                                                 "position": {"name": p, "search_declared": False}}}
+                           for n, p in (("sin", "sinusoidal"), ("nope", "none"))],
+            "search": {"lr": {"low": 1.0e-3, "high": 1.0e-2, "log": True}},
+            "budget": {"trials": 6, "steps": 5}, "confirm": {"seeds": 2}}
+    path = tmp_path / "counted.yaml"
+    path.write_text(yaml.safe_dump(data))
+    storage_url, uri = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'm.db'}"
+    assert main(["study", "create", str(path), "--storage", storage_url, "--tracking-uri", uri]) == 0
+    handle = open_study("counted", open_storage(storage_url), storage_url, uri)
+    claimed = [claim_slot(handle, Phase.TUNE, "sin") for _ in range(3)]
+    handle.storage.set_trial_state_values(claimed[0]._trial_id, TrialState.COMPLETE, [0.5])
+    full = progress(handle)
+
+    def loads_everything(*args, **kwargs):
+        raise AssertionError("get_all_trials called by the worker loop")
+
+    monkeypatch.setattr(type(handle.storage), "get_all_trials", loads_everything)
+    counted = slot_progress(handle)
+    assert [(c.name, c.tune, c.confirm) for c in counted.candidates] == \
+        [(c.name, c.tune, c.confirm) for c in full.candidates]
+    assert counted.parent_status == full.parent_status
+    again = claim_slot(handle, Phase.TUNE, "sin")
+    assert again is not None and again.number == 3  # the lowest waiting number
+    assert slot_progress(handle).candidates[0].tune.running == 3
