@@ -308,6 +308,8 @@ def summary_line(res: dict[str, Any]) -> str:
 def fit_report(results: list[dict[str, Any]]) -> str:
     import numpy as np
 
+    if len(results) < 2:
+        return "one size: no fit (run several --sizes to see the growth)"
     n = np.array([r["n"] for r in results], dtype=float)
     t = np.array([r["report"] for r in results])
     b, a = np.polyfit(n, t, 1)
