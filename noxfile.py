@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, smoke, ui (and gpu where a GPU exists).
+"""nox sessions: tests, lint, typecheck, smoke, ui, fuzz, bench (and gpu where a GPU exists).
 
 Every session that installs the project installs ``torch==2.13.0`` first (from
 ``$TORCH_INDEX_URL`` when set, e.g. PyTorch's CPU index in CI), so the project's torch range
@@ -76,13 +76,42 @@ def ui(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """The model, attention, mixer and decoding benchmarks at a small size (records in a temporary
+    folder). Fails if the harness trains at under 0.95 times the tokens/s of the plain-PyTorch
+    reference, or a run's fixed cost exceeds 3 s (5% of a 60-second trial). About 10 minutes on
+    one CPU thread. Extra arguments go to the model benchmark (``nox -s bench -- --device cuda``)."""
+    install(session)
+    out = session.create_tmp()
+    small = ("--device", "cpu", "--threads", "1")
+    session.run("harness", "bench", "model", "benchmarks/configs/transformer_small.yaml", "--steps", "30",
+                "--warmup", "5", "--repeats", "3", "--min-ratio", "0.95", "--max-fixed-cost", "3",
+                "--output", f"{out}/model.md", *session.posargs, env=ENV)
+    session.run("harness", "bench", "attention", *small, "--lengths", "256", "1024", "--variants",
+                "multi_head", "linear", "additive", "--min-time", "0.5", "--output", f"{out}/attention.md",
+                env=ENV)
+    session.run("harness", "bench", "mixer", *small, "--lengths", "256", "512", "1024", "--contexts", "128",
+                "512", "1024", "--fit-from", "256", "--only", "multi_head", "linear", "mamba", "retnet",
+                "--min-time", "0.5", "--output", f"{out}/mixers.md", env=ENV)
+    session.run("harness", "bench", "decode", *small, "--contexts", "128", "512", "1024", "--fit-from", "128",
+                "--only", "multi_head", "linear", "lstm", "gru", "--output", f"{out}/decode.md", env=ENV)
+
+
+@nox.session
 def gpu(session: nox.Session) -> None:
-    """On a GPU machine: the tests plus the attention benchmark on CUDA."""
-    session.install("torch")  # the CUDA build from the index
-    session.install("-e", ".[dev]")
-    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no GPU'")
-    session.run("pytest", "-x", *session.posargs)
-    session.run("harness", "bench", "attention", "--device", "cuda")
+    """On a GPU machine: the GPU tests (``tests/test_gpu.py``: a bf16 run with its cost/MFU, compile) and
+    the device-parameter tests, then the model, attention, mixer and decoding benchmarks on
+    CUDA, each written as a new dated record under ``benchmarks/`` (``*_cuda_<date>.md``).
+    Installs the pinned torch from PyPI, whose Linux wheel is the CUDA build (or from
+    ``$TORCH_INDEX_URL``). Fails at once where no GPU is visible."""
+    install(session)
+    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'")
+    session.run("pytest", "tests/test_gpu.py", "tests/test_cost_devices.py", *session.posargs, env=ENV)
+    cuda = ("--device", "cuda")
+    session.run("harness", "bench", "model", "benchmarks/configs/transformer_small.yaml", *cuda, env=ENV)
+    session.run("harness", "bench", "attention", *cuda, "--lengths", "1024", "4096", "16384", env=ENV)
+    session.run("harness", "bench", "mixer", *cuda, env=ENV)
+    session.run("harness", "bench", "decode", *cuda, env=ENV)
 
 
 @nox.session

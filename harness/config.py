@@ -139,8 +139,13 @@ class TrainConfig(Strict):
         "auto", description="a count (-1: all), 'auto', '0,1' or a list of device indices")
     strategy: str = Field("auto", pattern=r"^[A-Za-z0-9_]+$")
     precision: Annotated[Literal[PRECISIONS], BeforeValidator(  # type: ignore[valid-type]
-        lambda v: str(v) if type(v) is int else v)] = "auto"  # auto: bf16-mixed on GPUs that support it, else 32-true
-    num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: default)")
+        lambda v: str(v) if type(v) is int else v)] = Field(
+        "auto", description="Lightning precision; auto: bf16-mixed on GPUs that support it, else "
+        "32-true (bf16-mixed works on the CPU too)")
+    compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
+                          "that cannot compile fails the run with a message to turn this off")
+    num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: torch's "
+                                    "default; in a study worker, usable cores ÷ workers on the machine)")
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")

@@ -178,6 +178,11 @@ class BatchFormat:
     feedback: ClassVar[tuple[str, str] | None] = None
     #: the batch keys whose tokens the model reads (counted for throughput)
     input_keys: ClassVar[tuple[str, ...]] = ("tokens",)
+    #: per padding mask (True at padding), the keys padded to the same width: a batch of
+    #: any examples is the whole split's batch sliced to its rows and to each group's
+    #: longest row (what :class:`harness.run.batches.DeviceBatches` relies on)
+    padding_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "padding_mask": ("tokens", "padding_mask", "targets", "loss_mask")}
 
     def __str__(self) -> str:
         return self.name
@@ -241,6 +246,8 @@ class SequenceToSequence(BatchFormat):
     name = "seq2seq"
     feedback = ("tgt_in", "tgt_padding_mask")
     input_keys = ("src", "tgt_in")
+    padding_groups = {"src_padding_mask": ("src", "src_padding_mask"),
+                      "tgt_padding_mask": ("tgt_in", "tgt_padding_mask", "targets", "loss_mask")}
 
     def input_length(self, example: Example, task_kind: str) -> int:
         return max(len(example["src"]), len(example["tgt"]))
@@ -265,6 +272,7 @@ class SequenceToSequence(BatchFormat):
 
 class Classification(BatchFormat):
     name = "classification"
+    padding_groups = {"padding_mask": ("tokens", "padding_mask")}  # targets: one per example
 
     def _tensors(self, examples: Sequence[Example], task_kind: str) -> dict[str, Any]:
         import torch

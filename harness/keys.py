@@ -75,12 +75,21 @@ class Metric:
     TRAIN_LOSS = "train/loss"
     TRAIN_ACC = "train/acc"
     TRAIN_STEPS = "train/steps"
+    # cost: logged by every run (harness.run.record), ranked and plotted by studies
     PARAMS = "cost/params"
     STATE_SIZE = "cost/state_size"  # decoding-state elements per sequence at the training length
-    TOKENS_PER_S = "cost/train_tokens_per_s"
-    PEAK_GPU_MB = "cost/peak_gpu_mem_mb"
-    PEAK_RSS_MB = "cost/peak_rss_mb"
-    PEAK_RSS_INCREASE_MB = "cost/peak_rss_increase_mb"
+    TOKENS_PER_S = "cost/train_tokens_per_s"  # training steps, warm-up steps excluded
+    EVAL_TOKENS_PER_S = "cost/eval_tokens_per_s"  # the final evaluation, every length
+    FLOPS_PER_TOKEN = "cost/flops_per_token"  # one training step (forward + backward), counted
+    MFU = "cost/mfu"  # model FLOPs utilisation against the device's dense bf16 peak (GPU)
+    PEAK_GPU_MB = "cost/peak_gpu_mem_mb"  # device allocator high-water mark while training
+    PEAK_TENSOR_MB = "cost/peak_tensor_mb"  # CPU: tensor storages alive at a step's peak
+    PROCESS_PEAK_RSS_MB = "cost/process_peak_rss_mb"  # the whole process, not the model
+    DATA_WAIT_SHARE = "cost/data_wait_share"  # share of training time spent waiting for data
+    FIT_S = "cost/fit_s"  # wall time of fitting (training and its validations)
+    EVAL_S = "cost/eval_s"  # wall time of the final evaluation
+    TOTAL_S = "cost/total_s"  # wall time of the whole run, planning to recording
+    THREADS = "cost/cpu_threads"  # torch CPU threads the run used
 
 
 def val_key(metric: str, length: int | None = None) -> str:

@@ -76,6 +76,9 @@ def extrapolation_curve(
     return save_figure(fig, path)
 
 
+LABELLED = 48  # the most tokens an attention map's axis labels one by one
+
+
 def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_heads: int = 4,
                    tokens: Sequence[str] | None = None,
                    query_tokens: Sequence[str] | None = None, text: str = "") -> Path:
@@ -87,7 +90,10 @@ def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_h
     plt = pyplot()
     layers = len(maps)
     heads = min(max_heads, max(m.shape[0] for m in maps))
-    size = 2.4 if tokens is None else max(2.4, 0.16 * len(tokens) + 1.0)
+    # every token labelled up to LABELLED, then every step-th: the figure's size and its
+    # rendering time (a fixed cost of every run) stay bounded at long lengths
+    step = 1 if tokens is None else -(-len(tokens) // LABELLED)
+    size = 2.4 if tokens is None else max(2.4, 0.16 * min(len(tokens), LABELLED) + 1.0)
     fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers + 0.6),
                              squeeze=False)
     queries = query_tokens if query_tokens is not None else tokens
@@ -102,9 +108,9 @@ def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_h
             ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
             lq, lk = layer[h].shape
             if tokens is not None and len(tokens) == lk:
-                ax.set_xticks(range(lk), list(tokens), rotation=90, fontsize=6)
+                ax.set_xticks(range(0, lk, step), list(tokens)[::step], rotation=90, fontsize=6)
             if queries is not None and len(queries) == lq:
-                ax.set_yticks(range(lq), list(queries), fontsize=6)
+                ax.set_yticks(range(0, lq, step), list(queries)[::step], fontsize=6)
             ax.set_title(f"layer {i} · head {h}", fontsize=8)
             ax.set_xlabel("key", fontsize=7)
             if h == 0:

@@ -15,6 +15,7 @@ def harness_home(tmp_path, monkeypatch):
     home = tmp_path / ".harness"
     monkeypatch.setenv("HARNESS_HOME", str(home))
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))  # never the user's cache
+    monkeypatch.setenv("HARNESS_WORKERS_DIR", str(tmp_path / "workers"))  # workers of this test only
     for var in ("MLFLOW_TRACKING_URI", "HARNESS_PLUGINS", "HARNESS_DISABLE_PLUGINS",
                 "HARNESS_NO_AUTOLOAD", "HARNESS_TRACE_PLUGINS"):
         monkeypatch.delenv(var, raising=False)

@@ -14,7 +14,8 @@ CORE = ROOT / "harness"
 #: The layers from the bottom up; a module may import its own layer and the layers below.
 #: (Imports inside functions count too: a lazy import is still a dependency.)
 LAYERS = [
-    {"harness.errors", "harness.keys", "harness.params", "harness.hookspecs"},
+    {"harness.errors", "harness.keys", "harness.params", "harness.hookspecs", "harness.devices",
+     "harness.threads"},
     {"harness.data", "harness.registry", "harness.stats", "harness.plots", "harness.memory"},
     {"harness.nn"},
     {"harness.plugin", "harness.decoding", "harness.config", "harness.tracking", "harness.loader",
@@ -22,8 +23,9 @@ LAYERS = [
     {"harness.run"},
     {"harness.study"},
     {"harness.report"},
-    {"harness.bench", "harness.scaffold"},
-    {"harness.cli", "harness.check_cli", "harness", "harness.testing"},  # users of the public API
+    {"harness.scaffold"},
+    # users of the public API (the benchmarks build and train models the way users do)
+    {"harness.cli", "harness.check_cli", "harness", "harness.testing", "harness.bench"},
 ]
 #: Sub-command modules at the top may reach any layer; within the study package only its cli
 #: (which also serves `harness report`) may import the report package.

@@ -66,18 +66,19 @@ def test_unknown_variant_is_a_user_error(capsys):
 
 
 def test_bench_never_overwrites_a_recorded_file(tmp_path, monkeypatch, capsys):
-    from harness.bench.cli import output_path
+    from datetime import datetime
+
+    from harness.bench.common import record_path
 
     record = tmp_path / "attention_cpu.md"
     record.write_text("recorded\n")
     assert cli.main(["bench", "attention", "--device", "cpu", "--output", str(record)]) == 2
-    assert "--force" in capsys.readouterr().err and record.read_text() == "recorded\n"
-    assert output_path(str(record), "cpu", force=True) == record
-    assert output_path("-", "cpu", force=False) is None
+    assert "never overwrite" in capsys.readouterr().err and record.read_text() == "recorded\n"
+    day = datetime(2026, 11, 23)
+    assert record_path("-", "attention", "cpu", day) is None
     monkeypatch.chdir(tmp_path)
-    first = output_path(None, "cpu", force=False, today="2026-11-23")
+    first = record_path(None, "attention", "cpu", day)
     assert first == Path("benchmarks/attention_cpu_2026-11-23.md")
     first.parent.mkdir()
     first.write_text("x")
-    assert output_path(None, "cpu", force=False, today="2026-11-23") == Path(
-        "benchmarks/attention_cpu_2026-11-23-2.md")
+    assert record_path(None, "attention", "cpu", day) == Path("benchmarks/attention_cpu_2026-11-23-2.md")

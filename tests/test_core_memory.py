@@ -1,4 +1,5 @@
-"""Peak memory is measured per run: a later, smaller run in the same process reports less."""
+"""The process-level resident peak is measured per run: a later, smaller run in the same
+process reports less (the model's own peak is tested in tests/test_cost_memory.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,5 @@ def test_peak_is_per_run_not_per_process():
         block = torch.ones(4, 2**20)  # 16 MiB
         del block
     b, s = big.metrics(), small.metrics()
-    assert b["cost/peak_rss_increase_mb"] > 200
-    assert s["cost/peak_rss_increase_mb"] < 100
-    assert s["cost/peak_rss_mb"] < b["cost/peak_rss_mb"] - 150  # ru_maxrss could never drop
+    assert "cost/peak_gpu_mem_mb" not in b  # no allocator statistics on the CPU
+    assert s["cost/process_peak_rss_mb"] < b["cost/process_peak_rss_mb"] - 150  # ru_maxrss could never drop

@@ -66,7 +66,7 @@ def test_end_to_end_run_is_recorded(registry, harness_home):
     # metrics: per step, at the train length, per evaluation length, cost
     m = run.data.metrics
     for key in ("val/acc", "val/loss", "val/exact", "val/acc_len5", "val/acc_len8",
-                "cost/params", "cost/train_tokens_per_s", "cost/peak_rss_mb"):
+                "cost/params", "cost/train_tokens_per_s", "cost/peak_tensor_mb"):
         assert key in m, key
     assert m["val/acc"] == pytest.approx(result.metrics["val/acc"])
     model = harness.create_model("transformer", vocab_size=8, max_length=11, d_model=32, layers=1,

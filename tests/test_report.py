@@ -332,6 +332,22 @@ def test_attention_maps_are_labelled(captured, tmp_path):
     assert fig._suptitle.get_text() == "run\na b c d"
 
 
+def test_long_attention_maps_label_every_kth_token_in_a_bounded_figure(captured, tmp_path):
+    """At 200 tokens a map labels every 5th (at most 48 labels an axis) and its panels stay the
+    size of 48 labelled tokens: rendering the figure is part of every run's fixed cost."""
+    from harness.plots import attention_maps
+
+    n = 200
+    tokens = [f"t{i}" for i in range(n)]
+    maps = [np.random.default_rng(1).dirichlet(np.ones(n), size=(2, n))]
+    attention_maps(maps, tmp_path / "long.png", tokens=tokens)
+    fig = captured[0]
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == tokens[::5] and len(labels) <= 48
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == tokens[::5]
+    assert fig.get_size_inches()[0] <= 2 * (0.16 * 48 + 1.0)
+
+
 def test_importance_needs_enough_trials():
     from harness.report.figures import importance_min_trials
 

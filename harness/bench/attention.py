@@ -1,8 +1,8 @@
 """Attention benchmark: forward + backward throughput and peak memory of every variant.
 
-Each (variant, length) is measured in a fresh subprocess (``python -m harness.bench.attention``), so
-one measurement's allocations, caches and crashes (out of memory) cannot leak into the
-next, next to two PyTorch baselines measured the same way in the same run:
+Each (variant, length) is measured in a fresh subprocess (``python -m harness.bench.attention``,
+see :mod:`harness.bench.common`), next to two PyTorch baselines measured the same way in the
+same run:
 
 * ``torch.sdpa``: a minimal layer of PyTorch's own: fused q/k/v projection,
   ``F.scaled_dot_product_attention`` (``is_causal``), output projection;
@@ -13,35 +13,23 @@ median of repeated passes after a warm-up. Peak memory:
 
 * CUDA: ``torch.cuda.max_memory_allocated`` during the pass minus the memory allocated
   before it (tensors, not the caching allocator's reserve);
-* CPU: the rise of the process's resident set during the first full-size pass: the
-  high-water mark is reset (``/proc/self/clear_refs``) just before the pass and read
-  (``VmHWM``) after it, minus ``VmRSS`` before. It counts every byte the pass touches
-  (PyTorch's tensors and library workspaces). glibc's mmap and trim thresholds are fixed
-  at 128 KiB so freed blocks return to the system instead of being silently reused.
+* CPU: the rise of the process's resident set during the first full-size pass.
 
-A length whose memory, extrapolated from the variant's smaller lengths, would exceed the
-budget is skipped and reported as ``skipped (est. X GB)``. Torch is imported only inside
-functions (``harness --help`` stays fast); the core names no concrete variant.
+A length whose memory (or time), extrapolated from the variant's smaller lengths, would
+exceed the budget is skipped and reported as ``skipped (est. X GB)``. The same measurement
+serves ``harness bench mixer``: a name ``mixer:<name>`` builds a sequence mixer instead of
+an attention variant. The core names no concrete variant.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import platform
-import statistics
-import subprocess
-import sys
-import time
+import dataclasses
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import Any
 
-from harness.memory import proc_status_kb, reset_peak_rss
+from harness.bench import common
 
 BASELINES = ("torch.sdpa", "torch.nn.MultiheadAttention")
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 @dataclass
@@ -59,6 +47,9 @@ class Settings:
     max_memory_gb: float = 8.0
     min_time_s: float = 1.0  # time passes until this much, at least 1, at most 50
     timeout_s: float = 600.0
+    max_pass_s: float = 0.0  # skip a length whose pass would take longer (estimated); 0: never
+    either_direction: bool = False  # run a layer that cannot run causally (or not) the other way
+    baselines: tuple[str, ...] = BASELINES
 
 
 @dataclass
@@ -71,18 +62,12 @@ class Measurement:
     tokens_per_s: float | None = None
     peak_mb: float | None = None
     passes: int = 0
+    causal: bool | None = None  # the direction it ran
 
 
 # -- in the worker process -----------------------------------------------------------------
-def _proc_status_kb(key: str) -> int:
-    value = proc_status_kb(key)
-    if value is None:
-        raise RuntimeError(f"{key} not in /proc/self/status")
-    return value
-
-
-def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
-    """The module and a function running it causally or not on (B, L, d) inputs."""
+def _baseline_layer(job: dict[str, Any]) -> tuple[Any, Any]:
+    """One of PyTorch's own layers and a function running it on (B, L, d) inputs."""
     import torch
     import torch.nn.functional as F
 
@@ -95,20 +80,39 @@ def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
             return mha(x, x, x, attn_mask=mask, is_causal=causal, need_weights=False)[0]
 
         return mha, run_mha
-    if job["variant"] == "torch.sdpa":
-        qkv, out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+    qkv, out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
 
-        def run_sdpa(x: Any) -> Any:
-            b, n, _ = x.shape
-            q, k, v = qkv(x).view(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            return out(y.transpose(1, 2).reshape(b, n, d))
+    def run_sdpa(x: Any) -> Any:
+        b, n, _ = x.shape
+        q, k, v = qkv(x).view(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out(y.transpose(1, 2).reshape(b, n, d))
 
-        return torch.nn.ModuleList([qkv, out]), run_sdpa
+    return torch.nn.ModuleList([qkv, out]), run_sdpa
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``mixer:mamba`` -> (mixer, mamba); a bare name is an attention variant."""
+    kind, _, plain = name.rpartition(":")
+    return kind or "attention", plain
+
+
+def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
+    """The module and a function running it causally or not on (B, L, d) inputs."""
+    if job["variant"] in BASELINES:
+        return _baseline_layer(job)
     from harness.loader import load
 
-    spec = load(job["plugins"]).get("attention", job["variant"])
-    layer = spec.build(spec.config(), d_model=d, num_heads=h)
+    kind, name = split_name(job["variant"])
+    spec = load(job["plugins"]).get(kind, name)
+    config = spec.config()
+    if getattr(config, "max_length", job["length"]) < job["length"]:  # a fixed-length layer (Linformer)
+        config = dataclasses.replace(config, max_length=job["length"])
+    layer = spec.build(config, d_model=job["d_model"], num_heads=job["heads"])
+    causal = job["causal"]
+    if job.get("either_direction") and ("causal" if causal else "bidirectional") not in layer.directions:
+        causal = not causal
+    job["ran_causal"] = causal
     return layer, lambda x: layer(x, causal=causal)[0]
 
 
@@ -118,14 +122,10 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(job["threads"])
     device, dtype = torch.device(job["device"]), getattr(torch, job["dtype"])
-    cuda = device.type == "cuda"
+    sync = common.synchronizer(device)
     torch.manual_seed(0)
     module, run = _layer(job)
     module.to(device=device, dtype=dtype)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
 
     def one_pass(length: int) -> None:
         x = torch.randn(job["batch"], length, job["d_model"], device=device, dtype=dtype, requires_grad=True)
@@ -135,81 +135,65 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     one_pass(8)  # initialise kernels and thread pools outside the measurement
     sync()
     length = job["length"]
-    if cuda:
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        one_pass(length)
-        peak_mb = (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    else:
-        before_kb = _proc_status_kb("VmRSS")
-        if not reset_peak_rss():
-            raise RuntimeError("cannot reset the resident-set high-water mark (/proc/self/clear_refs)")
-        one_pass(length)
-        peak_mb = max(0.0, (_proc_status_kb("VmHWM") - before_kb) / 1024)  # counters lag ~256 KB
+    _, peak_mb = common.peak_mb(lambda: one_pass(length), device)
     sync()
-    times: list[float] = []
-    while not times or (sum(times) < job["min_time_s"] and len(times) < 50):
-        start = time.perf_counter()
-        one_pass(length)
-        sync()
-        times.append(time.perf_counter() - start)
+    common.steady_allocator()
+    times = common.timed(lambda: one_pass(length), job["min_time_s"], sync)
     heads = getattr(module, "num_heads", job["heads"])
-    return {"ms": 1000 * statistics.median(times), "passes": len(times), "peak_mb": peak_mb, "heads": heads}
+    return {"ms": 1000 * common.median(times), "passes": len(times), "peak_mb": peak_mb, "heads": heads,
+            "causal": job.get("ran_causal", job["causal"])}
 
 
 # -- in the parent process -----------------------------------------------------------------
 def run_one(settings: Settings, variant: str, length: int) -> Measurement:
     """Measure one (variant, length) in a fresh subprocess."""
     job = {**asdict(settings), "variant": variant, "length": length}
-    env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(settings.threads),
-           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    cmd = [sys.executable, "-m", "harness.bench.attention", json.dumps(job)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=settings.timeout_s)
-    except subprocess.TimeoutExpired:
-        return Measurement(variant, length, f"failed: over {settings.timeout_s:.0f} s")
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout or "").strip().splitlines()
-        reason = lines[-1] if lines else f"exit code {done.returncode}"
-        if done.returncode < 0:
-            reason = f"killed by signal {-done.returncode} (out of memory?)"
-        return Measurement(variant, length, f"failed: {reason[:120]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, status = common.run_worker("harness.bench.attention", job, threads=settings.threads,
+                                       timeout_s=settings.timeout_s)
+    if result is None:
+        return Measurement(variant, length, status)
     tokens = settings.batch * length
     return Measurement(variant, length, "ok", result["heads"], result["ms"],
-                       tokens / (result["ms"] / 1000), result["peak_mb"], result["passes"])
+                       tokens / (result["ms"] / 1000), result["peak_mb"], result["passes"], result["causal"])
 
 
 def estimate_gb(measured: list[Measurement], length: int) -> float | None:
     """Peak memory at ``length`` extrapolated from smaller lengths: the growth exponent
     of the last two measurements (clamped to [1, 2]), or quadratic from a single one."""
-    points = [(m.length, m.peak_mb) for m in measured if m.peak_mb and m.peak_mb > 0]
-    if not points:
-        return None
-    exponent = 2.0
-    if len(points) >= 2:
-        (l1, p1), (l2, p2) = points[-2], points[-1]
-        exponent = min(2.0, max(1.0, math.log(p2 / p1) / math.log(l2 / l1))) if p2 > p1 else 1.0
-    last_length, last_mb = points[-1]
-    return last_mb * (length / last_length) ** exponent / 1024
+    mb = common.extrapolate([(m.length, m.peak_mb or 0.0) for m in measured], length)
+    return None if mb is None else mb / 1024
+
+
+def estimate_s(measured: list[Measurement], length: int) -> float | None:
+    """Seconds of one pass at ``length``, extrapolated the same way (exponent in [1, 3])."""
+    ms = common.extrapolate([(m.length, m.ms or 0.0) for m in measured], length, hi=3.0)
+    return None if ms is None else ms / 1000
+
+
+def skip_reason(settings: Settings, done: list[Measurement], length: int) -> str | None:
+    """Why ``length`` is not measured after the shorter ones in ``done``, or None."""
+    if done and done[-1].status.startswith(("failed", "skipped (a shorter")):
+        return "skipped (a shorter length failed)"
+    est = estimate_gb(done, length)
+    if est is not None and est > settings.max_memory_gb:
+        return f"skipped (est. {est:.1f} GB)"
+    secs = estimate_s(done, length) if done else None
+    if settings.max_pass_s and secs is not None and secs > settings.max_pass_s:
+        return f"skipped (est. {secs:.0f} s a pass)"
+    return None
 
 
 def benchmark(settings: Settings, names: list[str], progress: Any = print) -> list[Measurement]:
     """Every name (baselines first) at every length, smallest first."""
     results: list[Measurement] = []
-    for name in [*BASELINES, *names]:
+    for name in [*settings.baselines, *names]:
         done: list[Measurement] = []
         for length in sorted(settings.lengths):
-            est = estimate_gb(done, length)
-            if done and done[-1].status != "ok" and not done[-1].status.startswith("skipped"):
-                m = Measurement(name, length, "skipped (a shorter length failed)")
-            elif est is not None and est > settings.max_memory_gb:
-                m = Measurement(name, length, f"skipped (est. {est:.1f} GB)")
-            else:
-                m = run_one(settings, name, length)
+            reason = skip_reason(settings, done, length)
+            m = Measurement(name, length, reason) if reason else run_one(settings, name, length)
             done.append(m)
             results.append(m)
-            progress(format_row(m, results))
+            progress(format_row(m, results, settings.baselines))
     return results
 
 
@@ -222,11 +206,11 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}" if value and base else "-"
 
 
-def format_row(m: Measurement, results: list[Measurement]) -> str:
+def format_row(m: Measurement, results: list[Measurement], baselines: tuple[str, ...] = BASELINES) -> str:
     if m.status != "ok":
-        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} |" + " |" * 7
+        return f"| {m.variant} | {m.heads or '-'} | {m.length} | {m.status} |" + " |" * (3 + 2 * len(baselines))
     speed, memory = [], []
-    for name in BASELINES:
+    for name in baselines:
         base = _baseline(results, name, m.length)
         speed.append(_ratio(m.tokens_per_s, base.tokens_per_s if base else None))
         memory.append(_ratio(m.peak_mb, base.peak_mb if base else None))
@@ -238,75 +222,52 @@ def format_row(m: Measurement, results: list[Measurement]) -> str:
 
 MEMORY_METHOD = {
     "cuda": "`torch.cuda.max_memory_allocated` during the pass minus the memory allocated before it",
-    "cpu": "rise of the process's resident set during the first full-size pass (VmHWM after "
-           "resetting it through /proc/self/clear_refs, minus VmRSS before), in a fresh process "
-           "with glibc's mmap/trim thresholds at 128 KiB; it includes inputs, gradients and library "
-           "workspaces, so the smallest sizes read within a few MB of noise",
+    "cpu": common.CPU_MEMORY_METHOD,
 }
-HEADER = (
-    "| variant | heads | L | fwd+bwd ms | passes | tokens/s | speed × SDPA | speed × MHA "
-    "| peak MB | memory × SDPA | memory × MHA |\n" + "|---" * 11 + "|"
-)
+SHORT = {"torch.sdpa": "SDPA", "torch.nn.MultiheadAttention": "MHA"}
 
 
-def machine(device: str) -> str:
-    """One line describing the machine and software."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = [f"CPU {cpu} ({cores} cores available)"]
-    try:
-        with open("/proc/meminfo") as f:
-            total_kb = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
-        parts.append(f"{total_kb / 2**20:.0f} GiB RAM")
-    except (OSError, StopIteration):
-        pass
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        parts.append(f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}")
-    parts.append(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
-    return "; ".join(parts)
+def header(baselines: tuple[str, ...] = BASELINES) -> str:
+    """The table's header row for these baselines."""
+    speed = "".join(f" speed × {SHORT[b]} |" for b in baselines)
+    memory = "".join(f" memory × {SHORT[b]} |" for b in baselines)
+    return (f"| variant | heads | L | fwd+bwd ms | passes | tokens/s |{speed} peak MB |{memory}\n"
+            + "|---" * (7 + 2 * len(baselines)) + "|")
 
 
-def markdown(settings: Settings, results: list[Measurement], machine_line: str, command: str,
-             started: datetime, seconds: float) -> str:
-    mode = "causal self-attention" if settings.causal else "bidirectional self-attention"
-    rows = "\n".join(format_row(m, results) for m in results)
-    return f"""# Attention benchmark ({settings.device})
+HEADER = header()
 
-- Machine: {machine_line}
-- Date: {started:%Y-%m-%d %H:%M} UTC; the run took {seconds / 60:.1f} min
-- Command: `{command}`
-- Workload: {mode}, batch {settings.batch}, d_model {settings.d_model}, {settings.heads} model heads,
-  {settings.dtype}, {settings.threads} torch thread(s); every variant at its default hyper-parameters
-  (`heads` is the head count the layer runs: the single-head classics ignore the model's).
+
+def workload(settings: Settings) -> str:
+    """The settings and the measurement method, as Markdown bullets."""
+    mode = "causal" if settings.causal else "bidirectional"
+    skip = f"{settings.max_memory_gb:.1f} GB"
+    if settings.max_pass_s:
+        skip += f" or one pass would take over {settings.max_pass_s:g} s"
+    return f"""- Workload: {mode} self-mixing, batch {settings.batch}, d_model {settings.d_model}, {settings.heads} model heads,
+  {settings.dtype}, {settings.threads} torch thread(s); every layer at its default hyper-parameters
+  (`heads` is the head count the layer runs: the single-head classics ignore the model's), but
+  a layer built for a maximum length (Linformer's `max_length`) is built for the length measured.
 - Throughput: tokens (batch x length) per second of one forward + backward pass: the median
-  of the timed passes (repeated for {settings.min_time_s:g} s, at least 1, at most 50; column
-  `passes`) after one untimed full-size pass; each (variant, length) runs in a fresh subprocess.
+  of the timed passes (repeated for {settings.min_time_s:g} s, at least 1, at most {common.MAX_PASSES}; column
+  `passes`) after one untimed full-size pass; each (layer, length) runs in a fresh subprocess.
 - Peak memory: {MEMORY_METHOD[settings.device]}.
+- Skipped sizes: extrapolated from the layer's shorter lengths, peak memory would exceed {skip}."""
+
+
+def markdown(settings: Settings, results: list[Measurement], head: str) -> str:
+    """The record: ``head`` (machine, date, command: :func:`common.header`) and the table."""
+    rows = "\n".join(format_row(m, results, settings.baselines) for m in results)
+    return f"""{head}{workload(settings)}
 - Baselines, same run and settings: `torch.sdpa` = fused q/k/v projection +
   `F.scaled_dot_product_attention` + output projection; `torch.nn.MultiheadAttention` =
   PyTorch's module with `need_weights=False`. Ratios: speed × = variant tokens/s ÷ baseline
   tokens/s (above 1 is faster); memory × = variant peak ÷ baseline peak (below 1 is smaller).
-- Skipped sizes: peak memory extrapolated from the variant's shorter lengths would exceed
-  {settings.max_memory_gb:.1f} GB.
 
 {HEADER}
 {rows}
 """
 
 
-def main() -> None:
-    """Worker entry point: ``python -m harness.bench.attention '<job json>'`` prints one JSON line."""
-    print(json.dumps(measure(json.loads(sys.argv[1]))))
-
-
 if __name__ == "__main__":
-    main()
-
+    common.worker_main(measure)

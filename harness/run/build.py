@@ -15,6 +15,7 @@ from typing import Any
 from harness.data import Task, TaskInfo
 from harness.errors import ConfigError, HarnessError, PluginError
 from harness.run.plan import Component, ModelParts, Plan
+from harness.threads import worker_threads
 
 
 @dataclass
@@ -38,8 +39,9 @@ def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
     info = task_info(p, task)
     if check is not None:
         check(info)
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
+    threads = t.num_threads or worker_threads()  # a study worker splits the cores (harness.threads)
+    if threads:
+        torch.set_num_threads(threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
     model = build_model(p, info)
     return Built(task, info, model, count_parameters(model))

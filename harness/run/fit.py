@@ -1,24 +1,32 @@
 """Stage 3 of a run: fit the model with Lightning (the system of :mod:`harness.run.system`).
 
 Returns a :class:`Fitted`: the trainer, system and data module (evaluation reuses them) and
-what fitting measured (steps, training throughput). Callbacks are top-level classes, so a
-run pickles for Lightning's ``ddp_spawn``.
+what fitting measured (steps, throughput, FLOPs per token, the probed step's peak tensor
+memory, the data-wait share: :mod:`harness.run.meters`). Callbacks are top-level classes,
+so a run pickles for Lightning's ``ddp_spawn``.
+
+``train.compile: true`` compiles the model in place (``nn.Module.compile``: its parameters
+and state dict are unchanged) with :data:`COMPILE_BACKEND`; graph breaks fall back to eager
+code as ``torch.compile`` always does, and a backend that fails (no C++ compiler for
+inductor on the CPU, an unsupported operation) fails the run with a
+:class:`~harness.run.system.CompileFailed` error that says to set ``train.compile: false``.
+``train.precision``: see :func:`harness.devices.precision`.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
-from harness import tracking
+from harness import devices, tracking
 from harness.keys import Metric
 from harness.run.build import Built
+from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.system import HarnessDataModule, HarnessSystem
 
@@ -26,47 +34,8 @@ from harness.run.system import HarnessDataModule, HarnessSystem
 QUIET = (".*does not have many workers.*", ".*LeafSpec.*")
 
 
-class Throughput(L.Callback):
-    """Training tokens per second (input tokens, padding included), skipping the first steps
-    (warm-up, compilation)."""
-
-    def __init__(self, fmt: Any, skip: int = 3) -> None:
-        self.fmt, self.skip = fmt, skip
-        self.tokens, self.seconds, self._t0 = 0, 0.0, 0.0
-
-    @staticmethod
-    def _sync(module: Any) -> None:
-        if module.device.type == "cuda":
-            torch.cuda.synchronize(module.device)
-
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
-        self._sync(module)
-        self._t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int) -> None:
-        self._sync(module)
-        if trainer.global_step > self.skip:
-            self.seconds += time.perf_counter() - self._t0
-            self.tokens += self.fmt.tokens(batch)
-
-    def on_train_end(self, trainer: Any, module: Any) -> None:
-        """Total tokens/s of every device, put where Lightning sends results back from
-        ``ddp_spawn`` workers (``callback_metrics``)."""
-        rate = torch.tensor(self.tokens / self.seconds if self.seconds > 0 else 0.0,
-                            dtype=torch.float64, device=module.device)
-        if trainer.world_size > 1:
-            rate = trainer.strategy.reduce(rate, reduce_op="sum")
-        trainer.callback_metrics[Metric.TOKENS_PER_S] = rate
-        trainer.callback_metrics[Metric.TRAIN_STEPS] = torch.tensor(float(trainer.global_step))
-
-
-def precision(requested: str) -> str:
-    """``auto``: bf16-mixed on GPUs that support it, else full fp32."""
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "32-true"
+#: torch.compile's backend for ``train.compile`` (tests swap it for a failing one).
+COMPILE_BACKEND = "inductor"
 
 
 @dataclass
@@ -76,14 +45,22 @@ class Fitted:
     datamodule: HarnessDataModule
     steps: int
     tokens_per_s: float | None
+    seconds: float = 0.0  # wall time of trainer.fit
+    device: Any = None  # the (first) device it trained on
+    #: the cost metrics fitting measured (flops per token, peak tensor memory, data wait)
+    costs: dict[str, float] = field(default_factory=dict)
 
 
 def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[Any]) -> Fitted:
     """Train ``built.model`` as ``p.config.train`` says, logging to the MLflow run ``run_id``."""
     t = p.config.train
+    device = devices.run_device(t.accelerator)
     dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed)
+    if t.compile:
+        built.model.compile(backend=COMPILE_BACKEND)
     system = HarnessSystem(built.model, built.task, p.fmt, t)
-    throughput = Throughput(p.fmt)
+    wait = DataWait()
+    probe = StepProbe(p.fmt, step=1 if t.max_steps > 1 else 0, compiled=t.compile)
     logger = MLFlowLogger(experiment_name=p.config.tracking.experiment, tracking_uri=tracking_uri,
                           run_id=run_id, log_model=False)
     trainer = L.Trainer(
@@ -94,10 +71,11 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         accelerator=t.accelerator,
         devices=t.devices,
         strategy=t.strategy,
-        precision=precision(t.precision),  # type: ignore[arg-type]
+        precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
         gradient_clip_val=t.grad_clip,
         logger=logger,
-        callbacks=[throughput, *callbacks],
+        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *callbacks],
+        profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,
         enable_model_summary=False,
@@ -106,11 +84,18 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         default_root_dir=tracking.home() / "lightning",
         deterministic="warn" if t.accelerator != "cpu" else True,
     )
+    started = time.perf_counter()
     with warnings.catch_warnings():
         for pattern in QUIET:
             warnings.filterwarnings("ignore", pattern)
         trainer.fit(system, datamodule=dm)
+    seconds = time.perf_counter() - started
     results = trainer.callback_metrics
     rate = float(results.get(Metric.TOKENS_PER_S, 0.0))
+    costs = {k: float(results[k]) for k in FIT_COSTS if k in results}
     return Fitted(trainer, system, dm, int(results.get(Metric.TRAIN_STEPS, trainer.global_step)),
-                  rate or None)
+                  rate or None, seconds, device, costs)
+
+
+#: What fitting measures besides throughput (see :mod:`harness.run.meters`).
+FIT_COSTS = (Metric.FLOPS_PER_TOKEN, Metric.PEAK_TENSOR_MB, Metric.DATA_WAIT_SHARE)

@@ -12,12 +12,14 @@ reason in the ``harness.failure`` tag) or KILLED (pruned or interrupted) — nev
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import tracking
 from harness.config import RunConfig, load_run_config, parse_run_config
+from harness.devices import run_device
 from harness.errors import ConfigError, HarnessError, Interrupted, PluginError, RunFailed
 from harness.keys import Metric, Tag
 from harness.masking import mask_url
@@ -86,11 +88,13 @@ def train(
     raises ``RunFailed`` naming the plugin and its frame (the run recorded FAILED, the memory
     it held released); Ctrl-C raises ``Interrupted`` saying which run was kept (KILLED).
     """
+    started = time.perf_counter()
     cfg = as_config(config)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
-    device = _device(cfg)
-    return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {})
+    device = run_device(cfg.train.accelerator)
+    return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
+                started)
 
 
 def _build(p: Plan, device: Any) -> Any:
@@ -106,7 +110,7 @@ def _build(p: Plan, device: Any) -> Any:
 
 
 def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks: list[Any],
-         extra_tags: dict[str, str]) -> RunResult:
+         extra_tags: dict[str, str], started: float) -> RunResult:
     """Fit, evaluate and record one built run in its own MLflow run, which always ends
     FINISHED, FAILED or KILLED."""
     from harness.run.evaluate import evaluate
@@ -134,10 +138,14 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
             stage = "training"
             fitted = fit(p, built, run_id, tracker.uri, callbacks)
             stage = "evaluating"
+            evaluated = time.perf_counter()
             evaluation = evaluate(p, built, fitted)
+            eval_s = time.perf_counter() - evaluated
         stage = "recording"
-        metrics = run_metrics(built, fitted, evaluation, peak.metrics())
+        metrics = run_metrics(built, fitted, evaluation, peak.metrics(), eval_s)
         record(tracker, run_id, p, built, fitted, evaluation, metrics)
+        metrics[Metric.TOTAL_S] = time.perf_counter() - started
+        tracker.log_metrics(run_id, {Metric.TOTAL_S: metrics[Metric.TOTAL_S]}, step=fitted.steps)
         not_applicable = evaluation.not_applicable
         status = "FINISHED"
     except BaseException as exc:
@@ -196,12 +204,3 @@ def check_trainer_settings(cfg: RunConfig) -> None:
     finally:
         logging.disable(logging.NOTSET)
 
-
-def _device(cfg: RunConfig) -> Any:
-    """The device whose peak memory a run reports (the first GPU when it trains on one)."""
-    import torch
-
-    accelerator = cfg.train.accelerator
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

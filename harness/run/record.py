@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import tracking
+from harness import devices, tracking
 from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, val_key
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
@@ -69,12 +69,26 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
     return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
 
 
-def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict[str, float]) -> dict[str, float]:
-    """Every metric a finished run reports: quality per length, then cost."""
+def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict[str, float],
+                eval_s: float) -> dict[str, float]:
+    """Every metric a finished run reports: quality per length, then cost (``cost/*``)."""
+    import torch
+
     metrics = dict(evaluation.metrics)
     if fitted.tokens_per_s:
         metrics[Metric.TOKENS_PER_S] = fitted.tokens_per_s
+    metrics.update(fitted.costs)
     metrics.update(peak)
+    eval_rate = fitted.trainer.callback_metrics.get(Metric.EVAL_TOKENS_PER_S)
+    if eval_rate is not None:
+        metrics[Metric.EVAL_TOKENS_PER_S] = float(eval_rate)
+    flops = fitted.costs.get(Metric.FLOPS_PER_TOKEN)
+    utilisation = devices.mfu(flops, fitted.tokens_per_s, fitted.device) if flops and fitted.tokens_per_s else None
+    if utilisation is not None:
+        metrics[Metric.MFU] = utilisation
+    metrics[Metric.FIT_S] = fitted.seconds
+    metrics[Metric.EVAL_S] = eval_s
+    metrics[Metric.THREADS] = float(torch.get_num_threads())
     metrics[Metric.TRAIN_STEPS] = float(fitted.steps)
     metrics[Metric.PARAMS] = float(built.num_params)
     state = decoding_state_size(built.model, built.info.max_length)

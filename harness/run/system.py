@@ -20,7 +20,9 @@ from torch.utils.data import DataLoader
 
 from harness.config import TrainConfig
 from harness.data import BatchFormat, Task
+from harness.errors import HarnessError
 from harness.keys import Metric, val_key
+from harness.run.batches import DeviceBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
 
 
@@ -28,23 +30,46 @@ class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+class CompileFailed(HarnessError):
+    """``torch.compile`` could not compile the model (``train.compile: true``)."""
+
+
 class HarnessDataModule(L.LightningDataModule):
+    """Training batches from the split collated once on the device when it fits
+    (:mod:`harness.run.batches`), else a ``DataLoader``; validation from ``DataLoader``s.
+    Loaders pin host memory when the device is a GPU (the copy is then asynchronous)."""
+
     def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int) -> None:
         super().__init__()
         self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
         self.val_lengths: list[int] = [task.train_length]
         self._collate = partial(fmt.collate, task_kind=task.task_kind)
+        self.on_device = False  # whether the training split lives on the device
 
-    def train_dataloader(self) -> DataLoader:
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def train_dataloader(self) -> Any:
         data = self.task.examples("train", self.task.train_length)
+        device = self._device()
+        try:
+            tensors = collate_split(data, self.fmt, self.task.task_kind)
+        except ValueError:  # a format without padding groups for some key: per-batch collate
+            tensors = None
+        self.on_device = tensors is not None and fits_on_device(nbytes(tensors), device)
+        if self.on_device:
+            rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+            return DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
+                                 device, rank, world, tensors=tensors)
         gen = torch.Generator().manual_seed(self.seed)
         return DataLoader(data, batch_size=self.batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
-                          collate_fn=self._collate)
+                          collate_fn=self._collate, pin_memory=device.type == "cuda")
 
     def val_dataloader(self) -> list[DataLoader]:
+        pin = self._device().type == "cuda"
         return [
             DataLoader(self.task.examples("val", n), batch_size=self.batch_size,  # type: ignore[arg-type]
-                       collate_fn=self._collate)
+                       collate_fn=self._collate, pin_memory=pin)
             for n in self.val_lengths
         ]
 
@@ -79,7 +104,18 @@ class HarnessSystem(L.LightningModule):
         self._sums: dict[int, dict[str, Any]] = {}
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
+        try:
+            return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if not (self.cfg.compile and _compile_error(exc)):
+                raise
+            cause = getattr(exc, "inner_exception", None) or exc  # the backend's own error
+            first = (str(cause).strip().splitlines() or [""])[0]
+            raise CompileFailed(
+                f"train.compile: torch.compile could not compile model "
+                f"{type(self.model).__name__} ({type(cause).__name__}: {first}). Set "
+                f"train.compile: false to train it uncompiled."
+            ) from None
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         if self.cfg.scheduled_sampling and self.fmt.feedback:  # targets feed back
@@ -136,6 +172,12 @@ class HarnessSystem(L.LightningModule):
     def configure_optimizers(self) -> Any:
         opt, sched = make_optimizer(self.model, self.cfg)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _compile_error(exc: Exception) -> bool:
+    from torch._dynamo.exc import TorchDynamoException
+
+    return isinstance(exc, TorchDynamoException)
 
 
 #: The per-batch counts summed over a validation set (see :func:`masked_stats`).

@@ -97,6 +97,9 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from harness.cli import ctrl_c
     from harness.errors import Interrupted
     from harness.masking import mask_url
+    from harness.threads import passive_wait
+
+    passive_wait()  # before torch loads: this worker's idle OpenMP threads sleep, not spin
 
     same = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
         ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),

@@ -44,7 +44,7 @@ MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
 COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
-    "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_RSS_MB), "minimize"),
+    "peak_memory": ((Metric.PEAK_GPU_MB, Metric.PEAK_TENSOR_MB), "minimize"),
     "params": ((Metric.PARAMS,), "minimize"),
     "state_size": ((Metric.STATE_SIZE,), "minimize"),
 }

@@ -375,17 +375,19 @@ def claim_slot(handle: StudyHandle, phase: str, candidate: str) -> Any | None:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    from harness.study.counts import waiting_trial_ids
+
     storage = handle.storage
     study_id = storage.get_study_id_from_name(phase_study_name(handle.name, phase, candidate))
     with _claim_lock(handle.storage_url):
-        for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-            try:
-                if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-                    storage.record_heartbeat(trial_id)
-                    return storage.get_trial(trial_id)
-            except UpdateFinishedTrialError:
-                continue
+        while ids := waiting_trial_ids(storage, study_id):  # other workers may take these first
+            for trial_id in ids:
+                try:
+                    if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                        storage.record_heartbeat(trial_id)
+                        return storage.get_trial(trial_id)
+                except UpdateFinishedTrialError:
+                    continue
     return None
 
 

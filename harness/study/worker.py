@@ -20,6 +20,7 @@ from typing import Any
 from harness.errors import ConfigError, HarnessError, RunFailed
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
+from harness.study.counts import cache_trial, slot_progress
 from harness.study.display import StudyDisplay
 from harness.study.progress import (
     StudyProgress,
@@ -36,6 +37,7 @@ from harness.study.storage import (
     claim_slot,
     heartbeat,
 )
+from harness.threads import register_worker
 
 
 # -- sampler, pruner and the next slot ----------------------------------------------------------
@@ -148,7 +150,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
     display.job_started(run_name(tags))
     started = time.monotonic()
     with heartbeat(handle.storage, trial_id, cfg.resume.heartbeat_s):
-        study.get_trials(deepcopy=False)  # like ask(): the study's storage now knows the trial
+        cache_trial(study, trial_id)  # like ask(): the study's storage now knows the trial
         trial = optuna.trial.Trial(study, trial_id)
         try:
             run = _job_run_config(handle, space, job, trial)
@@ -242,11 +244,12 @@ def run_worker(handle: StudyHandle, space: StudySpace, display: StudyDisplay | N
     started = time.monotonic()
     summary = WorkerSummary()
     parent_running = False
+    unregister = register_worker()  # its runs split the cores with the machine's other workers
     try:
         while True:
             fail_stale(handle)
             reconcile(handle)
-            prog = progress(handle)
+            prog = slot_progress(handle)  # counts only: loading every trial grows with the study
             display.update(prog)
             if prog.complete:
                 settle_parent(handle, prog)
@@ -268,6 +271,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, display: StudyDisplay | N
                 display.job_started(None)
             summary.jobs[state] = summary.jobs.get(state, 0) + 1
     finally:
+        unregister()
         if not summary.complete and parent_running:
             _leave_parent(handle)
 

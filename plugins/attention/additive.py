@@ -9,9 +9,11 @@ projections.
 Memory. The naive broadcast materialises a (B, H, Lq, Lk, d_att) tensor, d_att times the
 score matrix (about 34 GB at B=8, L=4096, d_att=64 in fp32). When that block exceeds
 ``chunk_mb``, scores are computed in query chunks (and key chunks, if even one query row
-is too big), each chunk under ``torch.utils.checkpoint``: the backward pass recomputes a
-chunk's tanh block instead of keeping it, so peak memory grows like Lq x Lk (the scores,
-softmax and their gradients) plus one chunk. The same operations run on the same numbers,
+is too big) by :class:`BlockedScores`, whose hand-written backward recomputes a chunk's
+tanh block instead of keeping it, in two buffers reused by every chunk, so peak memory
+grows like Lq x Lk (the scores, softmax and their gradients) plus two chunks. Speed: the
+pass is element-wise work with no matrix product to hide in; its bound on a CPU (that work
+at the CPU's measured element-wise rates) is in ``benchmarks/additive_bound.md``. The same operations run on the same numbers,
 so results and gradients equal the unchunked computation up to float summation order.
 The price is one extra forward of the MLP block during backward.
 
@@ -26,12 +28,12 @@ position scheme; Shaw's query-dependent bias needs heads x d_att = d_model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from harness.plugin import Attention, AttentionConfig, AttentionSpec, Ge, hookimpl
 
@@ -52,22 +54,70 @@ def mlp_scores(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (hidden @ v[None, :, None, :, None]).squeeze(-1)
 
 
+def _blocks(lq: int, lk: int, rows: int, cols: int) -> list[tuple[slice, slice]]:
+    return [(slice(r, r + rows), slice(c, c + cols)) for r in range(0, lq, rows) for c in range(0, lk, cols)]
+
+
+def _hidden(q: Tensor, k: Tensor, out: Tensor) -> Tensor:
+    """tanh(q_i + k_j) for a block, written into (a view of) a reused buffer."""
+    shape = (*q.shape[:3], k.shape[2], q.shape[3])
+    hidden = out[: math.prod(shape)].view(shape)
+    torch.add(q.unsqueeze(3), k.unsqueeze(2), out=hidden)
+    return hidden.tanh_()
+
+
+class BlockedScores(torch.autograd.Function):
+    """vᵀ tanh(q_i + k_j) block by block, with hand-written backward: each block's hidden
+    units are recomputed into one reused buffer (never stored), and its gradient is formed in
+    a second one, so the pass streams the element-wise kernels it must run (add, tanh, the
+    v-weighted sum; in backward add, tanh, grad ⊗ v, tanh's derivative, the sums for dq, dk
+    and dv) over cache-sized blocks without allocating per block. Same numbers as autograd
+    through ``mlp_scores`` up to summation order (tests/test_attention_reference.py)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, rows: int, cols: int) -> Tensor:
+        b, h, lq, a = q.shape
+        lk = k.shape[2]
+        scores = q.new_empty(b, h, lq, lk)
+        buf = q.new_empty(b * h * min(rows, lq) * min(cols, lk) * a)
+        for r, c in _blocks(lq, lk, rows, cols):
+            hidden = _hidden(q[:, :, r], k[:, :, c], buf)
+            scores[:, :, r, c] = (hidden @ v[None, :, None, :, None]).squeeze(-1)
+        ctx.save_for_backward(q, k, v)
+        ctx.rows, ctx.cols = rows, cols
+        return scores
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        q, k, v = ctx.saved_tensors
+        b, h, lq, a = q.shape
+        lk = k.shape[2]
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros(b, h, a, dtype=v.dtype, device=v.device)
+        size = b * h * min(ctx.rows, lq) * min(ctx.cols, lk) * a
+        buf, gbuf = q.new_empty(size), q.new_empty(size)
+        vb = v[None, :, None, None, :]
+        for r, c in _blocks(lq, lk, ctx.rows, ctx.cols):
+            hidden = _hidden(q[:, :, r], k[:, :, c], buf)
+            g_s = grad[:, :, r, c]  # (B, H, r, c)
+            dv += (g_s.flatten(2).unsqueeze(2) @ hidden.flatten(2, 3)).squeeze(2)  # Σ_ij g_ij h_ij
+            g = gbuf[: hidden.numel()].view_as(hidden)
+            torch.mul(g_s.unsqueeze(-1), vb, out=g)  # ∂/∂hidden
+            torch.ops.aten.tanh_backward.grad_input(g, hidden, grad_input=g)  # x (1 - h²)
+            dq[:, :, r] += g.sum(3)
+            dk[:, :, c] += g.sum(2)
+        return dq, dk, dv.sum(0), None, None
+
+
 def chunked_scores(q: Tensor, k: Tensor, v: Tensor, max_elements: int | None) -> Tensor:
     """``mlp_scores`` over all pairs, at most ``max_elements`` hidden units at a time."""
     b, h, lq, a = q.shape
     lk = k.shape[2]
-    if not max_elements or b * h * lq * lk * a <= max_elements:
+    whole = b * h * lq * lk * a <= (max_elements or 0)
+    if not max_elements or (whole and not (torch.is_grad_enabled() and q.requires_grad | k.requires_grad)):
         return mlp_scores(q, k, v)
     per_row = b * h * lk * a
     rows, cols = (max_elements // per_row, lk) if per_row <= max_elements else (1, max(1, max_elements // (b * h * a)))
-    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    scores = q.new_empty(b, h, lq, lk)
-    for r in range(0, lq, rows):
-        for c in range(0, lk, cols):
-            args = (q[:, :, r: r + rows], k[:, :, c: c + cols], v)
-            block = checkpoint(mlp_scores, *args, use_reentrant=False) if recompute else mlp_scores(*args)
-            scores[:, :, r: r + rows, c: c + cols] = block
-    return scores
+    return BlockedScores.apply(q, k, v, rows, cols)  # type: ignore[no-any-return]
 
 
 class AdditiveAttention(Attention):

@@ -11,10 +11,14 @@ grow linearly with the length.
 * Bidirectional (and cross-attention): one sum over all keys; padded keys get φ(k) = 0, so
   they drop out of numerator and normaliser alike.
 * Causal: the sums are prefix sums S_i = Σ_{j<=i} φ(k_j) v_jᵀ, z_i = Σ_{j<=i} φ(k_j). They
-  are computed in blocks of ``chunk`` positions: the running sums carry everything before
-  a block, a small chunk x chunk lower-triangular product covers the block itself (the
-  standard chunked form; ``chunk = 1`` is the plain recurrence). Same sums, matrix
-  products instead of a Python loop over positions.
+  are computed in blocks of ``chunk`` positions (the standard chunked form, as in
+  flash-linear-attention's ``chunk`` kernels; ``chunk = 1`` is the plain recurrence): a
+  small chunk x chunk lower-triangular product covers the block itself, and the sums of all
+  earlier blocks (one state per block, an exclusive prefix sum over the blocks' own sums)
+  carry everything before it. Every block at once in batched matrix products: time and
+  memory linear in L, never a state per position. The default block is twice the head
+  width (within [16, 128]): the intra-block work (chunk x d) then matches the cross-block
+  work (d x d) per position.
 * Decoding: the cache holds only the running sums (``state["kv"]``, ``state["z"]``), O(1)
   memory and time per token. Cross-attention computes the sums over the (padded) memory
   once, on the first cached step, and keeps them in the cross cache's state: each later
@@ -39,15 +43,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
+from harness.plugin import (
+    Attention,
+    AttentionCache,
     AttentionConfig,
     AttentionSpec,
+    Complexity,
     Ge,
-    RunningSumAttention,
-    causal_block,
+    allowed_mask,
     hookimpl,
-    kernel_weights,
-    ratio_or_zero,
 )
 
 WHY_NOT_BIAS = (
@@ -60,11 +64,17 @@ WHY_NOT_BIAS = (
 class LinearConfig(AttentionConfig):
     """``dropout`` drops whole keys per head (there are no weights to drop)."""
 
-    chunk: Annotated[int, Ge(1)] = 64  # block length of the causal prefix sums (speed only, same result)
+    # block length of the causal prefix sums (speed only, same result); None: 2 x head width in [16, 128]
+    chunk: Annotated[int | None, Ge(1)] = None
 
 
 def feature(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0
+
+
+def normalise(num: Tensor, den: Tensor) -> Tensor:
+    """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
 def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
@@ -74,36 +84,53 @@ def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None)
         if "kv" in state:
             kv, z = kv + state["kv"], z + state["z"]
         state["kv"], state["z"] = kv, z
-    return ratio_or_zero(fq @ kv, fq @ z.unsqueeze(-1))
+    return normalise(fq @ kv, fq @ z.unsqueeze(-1))
 
 
 def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
-    """Query i sees keys j <= i: running sums across blocks, a triangle within one."""
+    """Query i sees keys j <= i: within a block of ``chunk`` positions a lower triangle of
+    φ(q)·φ(k) products, across blocks the sums of every earlier block (an exclusive prefix sum
+    over the blocks' sums), plus the cached sums when decoding. All blocks at once, in batched
+    matrix products: no loop over positions or blocks, and no sum is ever kept per position.
+
+    Values carry a column of ones, so one product gives the numerator (Σ φ(k) vᵀ) and the
+    normaliser (Σ φ(k)) together."""
     b, h, n, d = fq.shape
+    dv = v.shape[-1]
+    chunk = min(chunk, n)
+    pad = (-n) % chunk
+    blocks = (n + pad) // chunk
+    v1 = torch.cat([v, v.new_ones(b, h, n, 1)], dim=-1)
+    if pad:  # zero keys add nothing; the padded queries' rows are dropped
+        fq, fk, v1 = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v1))
+    q = fq.reshape(b * h * blocks, chunk, d)
+    k = fk.reshape(b * h * blocks, chunk, d)
+    v1 = v1.reshape(b * h * blocks, chunk, dv + 1)
+    local = torch.bmm(q, k.transpose(1, 2)).tril()  # within a block: keys at or before the query
+    sums = torch.bmm(k.transpose(1, 2), v1).view(b, h, blocks, d, dv + 1)  # each block's Σ φ(k)[v, 1]ᵀ
+    before = F.pad(sums[:, :, :-1], (0, 0, 0, 0, 1, 0)).cumsum(dim=2)  # every earlier block's
     if state and "kv" in state:
-        kv, z = state["kv"], state["z"]
-    else:
-        kv, z = fq.new_zeros(b, h, d, v.shape[-1]), fq.new_zeros(b, h, d)
-    later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)
-    outs = []
-    for s in range(0, n, chunk):
-        qc, kc, vc = fq[:, :, s: s + chunk], fk[:, :, s: s + chunk], v[:, :, s: s + chunk]
-        out, kv, z = causal_block(qc, kc, vc, kv, z, later)
-        outs.append(out)
+        before = before + torch.cat([state["kv"], state["z"].unsqueeze(-1)], dim=-1).unsqueeze(2)
+    out = torch.baddbmm(torch.bmm(q, before.reshape(b * h * blocks, d, dv + 1)), local, v1)
+    out = out.view(b, h, blocks * chunk, dv + 1)[:, :, :n]
     if state is not None:
-        state["kv"], state["z"] = kv, z
-    return torch.cat(outs, dim=2)
+        total = before[:, :, -1] + sums[:, :, -1]
+        state["kv"], state["z"] = total[..., :dv], total[..., dv]
+    return normalise(out[..., :dv], out[..., dv:])
 
 
-class LinearAttention(RunningSumAttention):  # same shape as performer.py by design: one file per variant
+class LinearAttention(Attention):
     """Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding."""
 
-    label = "linear attention"
+    memory_state = True  # the sums over the memory, kept by the cross cache
+    position_hooks = frozenset({"embedding", "qk"})
     why_not = {"bias": WHY_NOT_BIAS}
+    # chunked prefix sums: L x chunk work; decoding keeps the running sums only
+    complexity = Complexity(time="L", memory="L", decode="1", state="1")
 
     def __init__(self, config: LinearConfig, *, d_model: int, num_heads: int) -> None:
         super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
-        self.chunk = config.chunk
+        self.chunk = config.chunk or min(128, max(16, 2 * self.qk_dim))
 
     def state_size(self, length: int) -> int:
         """The running sums, whatever the length: Σ φ(k) vᵀ (H x Dk x Dv) and Σ φ(k) (H x Dk)."""
@@ -111,18 +138,33 @@ class LinearAttention(RunningSumAttention):  # same shape as performer.py by des
             return 0
         return self.num_heads * self.qk_dim * (self.v_dim + 1)
 
+    def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
+                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        # Keys and values are folded into the running sums by attend(); keep nothing else.
+        cache.length = int(k_pos[-1].item()) + 1
+        return k, v, k_pos, key_padding_mask
+
     def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
                state=None, cross=False):
-        self.check_call(bias=bias, need_weights=need_weights, state=state, cross=cross)
+        if bias is not None:
+            raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
+        if need_weights and state is not None and not cross:
+            raise ValueError("linear attention cannot return weights during cached decoding: "
+                             "the cache keeps running sums, not keys. Run a full pass.")
         dropping = self.training and bool(self.dropout)
         fq = feature(q)
         # Cached cross-attention: the sums over the memory, computed on the first step.
         # (Not under key dropout, which draws new keys to drop at every call.)
         memo = state if (cross and state is not None and not dropping) else None
         if memo is not None and "kv" in memo and not need_weights:
-            return ratio_or_zero(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
+            return normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
         fk = feature(k)
-        keep = self.kept_keys(key_padding_mask, fk, dropping)
+        keep = None
+        if key_padding_mask is not None:
+            keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
+        if dropping:
+            kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
+            keep = kept if keep is None else keep & kept
         if keep is not None:
             fk = fk * keep.to(fk.dtype)
         if causal:
@@ -132,10 +174,16 @@ class LinearAttention(RunningSumAttention):  # same shape as performer.py by des
         elif memo is not None:
             if "kv" not in memo:
                 memo["kv"], memo["z"] = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
-            out = ratio_or_zero(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
+            out = normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
         else:
             out = global_sums(fq, fk, v, None if cross else state)
-        weights = kernel_weights(fq @ fk.transpose(-2, -1), q_pos, k_pos, causal) if need_weights else None
+        weights = None
+        if need_weights:
+            kernel = fq @ fk.transpose(-2, -1)
+            allowed = allowed_mask(q_pos, k_pos, causal=causal)
+            if allowed is not None:
+                kernel = kernel.masked_fill(~allowed, 0.0)
+            weights = normalise(kernel, kernel.sum(dim=-1, keepdim=True))
         return out, weights
 
 

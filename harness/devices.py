@@ -1,0 +1,133 @@
+"""One home for what the harness knows about devices: which one a run uses, its precision,
+its peak throughput, and the few calls that differ between CPU and GPU.
+
+Every function takes the device as a parameter and asks ``torch.cuda`` only through the
+module attribute at call time, so each GPU branch runs in CPU tests with ``torch.cuda``'s
+queries replaced (``tests/test_cost_devices.py``): the first GPU run is not the first run of
+these lines.
+
+**Peak throughput** (:data:`PEAKS`): dense (no sparsity) bf16 tensor-core FLOP/s from the
+vendor's datasheets, the denominator of model FLOPs utilisation (MFU). It is deliberately
+not Lightning's table (``lightning.fabric.utilities.throughput``), which gives the H200 a
+different figure from the H100 SXM although both run the same GH100 die at the same clocks
+(989 TFLOP/s dense bf16). Benchmarks (``harness bench``) read the same table. A device that
+matches no row has no MFU (the run says so by not logging ``cost/mfu``), never a guessed one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """The dense bf16 peak of one accelerator model, and where the number comes from."""
+
+    name: str
+    pattern: str  # regular expression on torch.cuda.get_device_name (case-insensitive)
+    bf16_tflops: float
+    source: str
+
+
+#: Accelerators by name, most specific first (the first matching row wins).
+PEAKS: tuple[DevicePeak, ...] = (
+    DevicePeak("H100 PCIe", r"H100.*PCIe", 756.0, "NVIDIA H100 datasheet: 1,513 TFLOP/s bf16 with sparsity"),
+    DevicePeak("H100 SXM", r"H100(?!.*(?:PCIe|NVL))", 989.0, "NVIDIA H100 datasheet: 1,979 TFLOP/s bf16 with sparsity"),
+    DevicePeak("H200 SXM", r"H200(?!.*NVL)", 989.0, "NVIDIA H200 datasheet: 1,979 TFLOP/s bf16 with sparsity"),
+    DevicePeak("A100", r"A100", 312.0, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
+)
+
+
+def device_name(device: Any) -> str:
+    """The accelerator's model name (``NVIDIA H100 80GB HBM3``), or ``cpu``."""
+    import torch
+
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return str(device.type)
+
+
+def peak_for(name: str) -> DevicePeak | None:
+    """The table's row for a device name, or None when the table does not know it."""
+    return next((p for p in PEAKS if re.search(p.pattern, name, re.IGNORECASE)), None)
+
+
+def peak_flops(device: Any) -> float | None:
+    """Dense bf16 peak FLOP/s of ``device``; None for the CPU and unknown accelerators."""
+    if device.type != "cuda":
+        return None
+    row = peak_for(device_name(device))
+    return row.bf16_tflops * 1e12 if row else None
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, device: Any) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's dense bf16 peak."""
+    peak = peak_flops(device)
+    if peak is None or flops_per_token <= 0 or tokens_per_s <= 0:
+        return None
+    return flops_per_token * tokens_per_s / peak
+
+
+def run_device(accelerator: str) -> Any:
+    """The device a run with ``train.accelerator`` trains on (its first one, with several)."""
+    import torch
+
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def supports_bf16(device: Any) -> bool:
+    """bf16 tensor cores: compute capability 8.0 (Ampere) or newer. On the CPU bf16 autocast
+    always runs (slowly where the CPU lacks AVX-512 bf16), so ``auto`` never picks it there."""
+    import torch
+
+    if device.type != "cuda":
+        return False
+    return tuple(torch.cuda.get_device_capability(device)) >= (8, 0)
+
+
+def precision(requested: str, device: Any) -> str:
+    """Lightning's precision for ``train.precision``: ``auto`` is bf16-mixed on a GPU that
+    supports it and full fp32 everywhere else; anything else is passed through (``bf16-mixed``
+    works on the CPU too)."""
+    if requested != "auto":
+        return requested
+    return "bf16-mixed" if supports_bf16(device) else "32-true"
+
+
+def synchronize(device: Any) -> None:
+    """Wait for the device's queued work (a no-op on the CPU): timings read after it."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: Any) -> None:
+    """Start a new high-water mark of the device allocator (GPU only)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def allocator_peak_bytes(device: Any) -> int | None:
+    """The device allocator's high-water mark since :func:`reset_peak`; None on the CPU,
+    which has no allocator statistics (see :mod:`harness.memory` for what is measured there)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def free_bytes(device: Any) -> int | None:
+    """Free memory on a GPU (None on the CPU: there the data is already in host memory)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])

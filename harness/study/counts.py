@@ -1,0 +1,102 @@
+"""Cheap questions to the Optuna storage, asked once per trial by every worker.
+
+A worker's loop asks, before each trial, how many slots of each candidate wait, run and are
+done, and then claims one waiting slot. Loading every trial to answer (``get_all_trials``,
+what Optuna's own ``ask`` does for enqueued trials) costs time proportional to the study's
+size per trial, so a study's bookkeeping grew with the square of its trials
+(``benchmarks/study_scale.md``). Here both are single SQL queries on Optuna's tables:
+a ``GROUP BY`` count of trial states per candidate study, and the first few waiting trial
+ids of one study. Their cost grows with the size of the answer (a few rows), not with the
+number of trials. The tables are Optuna's ORM models (``optuna.storages._rdb.models``),
+whose schema Optuna migrates with alembic; a storage that is not an ``RDBStorage`` falls
+back to Optuna's public API.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+def _tables() -> Any | None:
+    try:
+        from optuna.storages._rdb import models
+    except ImportError:  # pragma: no cover - a future Optuna without these models
+        return None
+    return models
+
+
+def state_counts(storage: Any, study_names: list[str]) -> dict[str, Counter[str]]:
+    """Per study name, the number of its trials in each state (``WAITING``, ``COMPLETE``, ...)."""
+    from sqlalchemy import func, select
+
+    models = _tables()
+    out: dict[str, Counter[str]] = {name: Counter() for name in study_names}
+    if models is None or not hasattr(storage, "engine"):
+        for name in study_names:
+            study_id = storage.get_study_id_from_name(name)
+            out[name].update(t.state.name for t in storage.get_all_trials(study_id, deepcopy=False))
+        return out
+    study, trial = models.StudyModel, models.TrialModel
+    query = (select(study.study_name, trial.state, func.count())
+             .join(trial, trial.study_id == study.study_id)
+             .where(study.study_name.in_(study_names))
+             .group_by(study.study_name, trial.state))
+    with storage.engine.connect() as conn:
+        for name, state, count in conn.execute(query):
+            out[name][getattr(state, "name", str(state))] = int(count)
+    return out
+
+
+def waiting_trial_ids(storage: Any, study_id: int, limit: int = 8) -> list[int]:
+    """The ids of up to ``limit`` WAITING trials of a study, lowest number first."""
+    from optuna.trial import TrialState
+    from sqlalchemy import select
+
+    models = _tables()
+    if models is None or not hasattr(storage, "engine"):
+        waiting = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,))
+        return [storage.get_trial_id_from_study_id_trial_number(study_id, t.number) for t in waiting[:limit]]
+    trial = models.TrialModel
+    query = (select(trial.trial_id).where(trial.study_id == study_id, trial.state == TrialState.WAITING)
+             .order_by(trial.number).limit(limit))
+    with storage.engine.connect() as conn:
+        return [int(row[0]) for row in conn.execute(query)]
+
+
+def slot_progress(handle: Any) -> Any:
+    """The worker loop's view of a study (:class:`~harness.study.progress.StudyProgress`):
+    each candidate's slots by state from one count query, without best values (the status
+    command and the report load the trials they show). Failed trials are not split into
+    retried and final failures (``failed`` counts both); the loop reads only the waiting,
+    running and finished slots."""
+    from harness.keys import Phase
+    from harness.study.progress import CandidateProgress, PhaseProgress, StudyProgress
+    from harness.study.storage import phase_study_name
+
+    cfg = handle.config
+    names = {(p, c.name): phase_study_name(handle.name, p, c.name) for c in cfg.candidates for p in Phase}
+    counts = state_counts(handle.storage, list(names.values()))
+
+    def phase(p: Phase, cand: str, slots: int) -> PhaseProgress:
+        c = counts[names[(p, cand)]]
+        return PhaseProgress(slots, complete=c["COMPLETE"], pruned=c["PRUNED"], failed=c["FAIL"],
+                             running=c["RUNNING"], waiting=c["WAITING"])
+
+    candidates = [CandidateProgress(c.name, phase(Phase.TUNE, c.name, cfg.budget.trials),
+                                    phase(Phase.CONFIRM, c.name, cfg.confirm.seeds))
+                  for c in cfg.candidates]
+    return StudyProgress(handle.name, candidates)
+
+
+def cache_trial(study: Any, trial_id: int) -> None:
+    """Let ``study``'s storage cache know one claimed trial, which Optuna's ``Trial`` needs to
+    record parameters, without loading the study's other trials (``study.get_trials()``
+    loads them all, waiting slots included, on every call through a new study object)."""
+    cached = getattr(study, "_storage", None)
+    add = getattr(cached, "_add_trials_to_cache", None)
+    backend = getattr(cached, "_backend", None)
+    if add is None or backend is None:  # another storage wrapper: the public, slower way
+        study.get_trials(deepcopy=False)
+        return
+    add(study._study_id, [backend.get_trial(trial_id)])
