@@ -69,7 +69,7 @@ def test_every_shipped_study_has_a_cpu_and_a_full_profile():
 
 #: Merged over a study's CPU profile: one tuning trial and two confirmation seeds of two steps.
 TINY_RUN = {"budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2},
-            "train": {"val_every": 1, "warmup_steps": 0}, "pruner": {"name": "none"},
+            "train": {"val_every": 1}, "pruner": {"name": "none"},
             "resume": {"heartbeat_s": 1, "grace_s": 60, "poll_s": 0.3}}
 
 
