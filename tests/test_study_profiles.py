@@ -67,8 +67,10 @@ def test_every_shipped_study_has_a_cpu_and_a_full_profile():
         assert {"cpu", "full"} <= set(yaml.safe_load(path.read_text()).get("profiles") or {}), path.name
 
 
-#: Merged over a study's CPU profile: one tuning trial and two confirmation seeds of two steps.
+#: Merged over a study's CPU profile: one tuning trial and two confirmation seeds of two steps,
+#: on a few examples (every shipped task has num_train and num_val).
 TINY_RUN = {"budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2},
+            "task": {"params": {"num_train": 64, "num_val": 8}},
             "train": {"val_every": 1}, "pruner": {"name": "none"},
             "resume": {"heartbeat_s": 1, "grace_s": 60, "poll_s": 0.3}}
 
