@@ -46,3 +46,53 @@ def test_every_shipped_study_validates_in_every_profile(path):
     for name in names:
         cfg = load_study_config(path, profile=name)
         validate(cfg, load_registry(cfg))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_shipped_profile_confirms_with_seeds_its_test_can_resolve(path):
+    """A shipped profile never confirms with too few seeds for its test to reach its level
+    after the Holm correction over every pair of candidates (the report's family)."""
+    from harness.stats import resolution_floor
+
+    for name in yaml.safe_load(path.read_text()).get("profiles") or {}:
+        cfg = load_study_config(path, profile=name)
+        k = len(cfg.candidates)
+        floor = resolution_floor(cfg.confirm.test, cfg.confirm.seeds, k * (k - 1) // 2,
+                                 round(1 - cfg.confirm.confidence, 12))
+        assert floor.possible, f"{path.name} profile {name}: {floor.sentence()}"
+
+
+def test_every_shipped_study_has_a_cpu_and_a_full_profile():
+    for path in STUDIES:
+        assert {"cpu", "full"} <= set(yaml.safe_load(path.read_text()).get("profiles") or {}), path.name
+
+
+#: Merged over a study's CPU profile: one tuning trial and two confirmation seeds of two steps,
+#: on a few examples (every shipped task has num_train and num_val).
+TINY_RUN = {"budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2},
+            "task": {"params": {"num_train": 64, "num_val": 8}},
+            "train": {"val_every": 1}, "pruner": {"name": "none"},
+            "resume": {"heartbeat_s": 1, "grace_s": 60, "poll_s": 0.3}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_path, capsys):
+    """The CPU profile as shipped (task, candidates, search, matching), only the budget made
+    tiny: every slot of every candidate completes and the report is written."""
+    import json
+
+    from harness.cli import main
+
+    data = yaml.safe_load(path.read_text())
+    data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"] or {}, TINY_RUN)
+    study = tmp_path / path.name
+    study.write_text(yaml.safe_dump(data))
+    out = tmp_path / "report"
+    assert main(["study", "run", str(study), "--profile", "cpu", "--report", "--out", str(out),
+                 "--format", "json"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    cfg = load_study_config(path, profile="cpu")
+    assert sorted(c["name"] for c in summary["candidates"]) == sorted(c.name for c in cfg.candidates)
+    assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
