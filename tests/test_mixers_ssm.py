@@ -290,7 +290,7 @@ def test_an_ssm_transformer_learns_associative_recall(registry):
                        "eval_lengths": [24]}}
     model = {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 4},
              "mixer": {"name": "h3"}, "position": {"name": "none"}}
-    train = {"max_steps": 30, "batch_size": 32, "lr": 3e-3, "warmup_steps": 3, "val_every": 30,
+    train = {"max_steps": 60, "batch_size": 32, "lr": 1e-2, "warmup_steps": 3, "val_every": 60,
              "progress": False, "seed": 0, "accelerator": "cpu", "devices": 1, "num_threads": 1}
     result = harness.train({"task": task, "model": model, "train": train,
                             "tracking": {"experiment": "ssm"}}, registry=registry)
@@ -298,7 +298,7 @@ def test_an_ssm_transformer_learns_associative_recall(registry):
     assert all(math.isfinite(v) for v in result.metrics.values())
     losses = [m.value for m in MlflowClient(tracking.tracking_uri()).get_metric_history(result.run_id, "train/loss")]
     assert len(losses) >= 3 and all(math.isfinite(v) for v in losses)
-    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3
+    assert losses[-1] < 0.9 * losses[0], losses  # untied (the default) it starts near chance
 
 
 def test_causal_fft_conv_is_the_direct_sum():
