@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from harness.study.counts import cache_trial, state_counts, waiting_trial_ids
+from harness.study.counts import best_values, cache_trial, state_counts, waiting_trial_ids
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 FINAL = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -31,7 +31,7 @@ def shuffled_studies(storage: optuna.storages.BaseStorage, names: list[str], see
                 storage.set_trial_state_values(tid, TrialState.RUNNING)
                 end = rng.choice((None, *FINAL))
                 if end is not None:
-                    storage.set_trial_state_values(tid, end, [1.0] if end == TrialState.COMPLETE else None)
+                    storage.set_trial_state_values(tid, end, [rng.uniform(-5, 5)] if end == TrialState.COMPLETE else None)
 
 
 def public_counts(storage: optuna.storages.BaseStorage, names: list[str]) -> dict[str, Counter[str]]:
@@ -120,7 +120,25 @@ def test_the_worker_loop_counts_and_claims_without_loading_every_trial(tmp_path:
     counted = slot_progress(handle)
     assert [(c.name, c.tune, c.confirm) for c in counted.candidates] == \
         [(c.name, c.tune, c.confirm) for c in full.candidates]
-    assert counted.parent_status == full.parent_status
+    assert [c.best_value for c in counted.candidates] == [c.best_value for c in full.candidates]
     again = claim_slot(handle, Phase.TUNE, "sin")
     assert again is not None and again.number == 3  # the lowest waiting number
     assert slot_progress(handle).candidates[0].tune.running == 3
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_best_values_equal_the_public_api(tmp_path: Path, kind: str, seed: int) -> None:
+    """The live display's best-so-far per candidate: one aggregate query on SQLite."""
+    storage = (optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}") if kind == "sqlite"
+               else optuna.storages.InMemoryStorage())
+    names = ["a", "b", "c", "d"]
+    shuffled_studies(storage, names, seed)
+    for maximize in (True, False):
+        expected = {}
+        for n in names:
+            values = [t.values[0] for t in storage.get_all_trials(storage.get_study_id_from_name(n),
+                                                                  states=(TrialState.COMPLETE,))]
+            if values:
+                expected[n] = max(values) if maximize else min(values)
+        assert best_values(storage, names, maximize) == pytest.approx(expected)

@@ -48,6 +48,34 @@ def state_counts(storage: Any, study_names: list[str]) -> dict[str, Counter[str]
     return out
 
 
+def best_values(storage: Any, study_names: list[str], maximize: bool) -> dict[str, float]:
+    """Per study name, the best objective value of its COMPLETE trials (studies with none are
+    left out): one aggregate query, not a load of every trial."""
+    from optuna.trial import TrialState
+    from sqlalchemy import func, select
+
+    models = _tables()
+    if models is None or not hasattr(storage, "engine"):
+        out = {}
+        for name in study_names:
+            values = [t.values[0] for t in storage.get_all_trials(
+                storage.get_study_id_from_name(name), deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.values]
+            if values:
+                out[name] = max(values) if maximize else min(values)
+        return out
+    study, trial, value = models.StudyModel, models.TrialModel, models.TrialValueModel
+    best = func.max(value.value) if maximize else func.min(value.value)
+    query = (select(study.study_name, best)
+             .join(trial, trial.study_id == study.study_id)
+             .join(value, value.trial_id == trial.trial_id)
+             .where(study.study_name.in_(study_names), trial.state == TrialState.COMPLETE,
+                    value.objective == 0)
+             .group_by(study.study_name))
+    with storage.engine.connect() as conn:
+        return {name: float(v) for name, v in conn.execute(query) if v is not None}
+
+
 def waiting_trial_ids(storage: Any, study_id: int, limit: int = 8) -> list[int]:
     """The ids of up to ``limit`` WAITING trials of a study, lowest number first."""
     from optuna.trial import TrialState
@@ -69,7 +97,7 @@ def slot_progress(handle: Any) -> Any:
     each candidate's slots by state from one count query, without best values (the status
     command and the report load the trials they show). Failed trials are not split into
     retried and final failures (``failed`` counts both); the loop reads only the waiting,
-    running and finished slots."""
+    running and finished slots, and the display the tuning's best value so far."""
     from harness.keys import Phase
     from harness.study.progress import CandidateProgress, PhaseProgress, StudyProgress
     from harness.study.storage import phase_study_name
@@ -83,8 +111,11 @@ def slot_progress(handle: Any) -> Any:
         return PhaseProgress(slots, complete=c["COMPLETE"], pruned=c["PRUNED"], failed=c["FAIL"],
                              running=c["RUNNING"], waiting=c["WAITING"])
 
+    best = best_values(handle.storage, [names[(Phase.TUNE, c.name)] for c in cfg.candidates],
+                       cfg.objective.direction == "maximize")
     candidates = [CandidateProgress(c.name, phase(Phase.TUNE, c.name, cfg.budget.trials),
-                                    phase(Phase.CONFIRM, c.name, cfg.confirm.seeds))
+                                    phase(Phase.CONFIRM, c.name, cfg.confirm.seeds),
+                                    best_value=best.get(names[(Phase.TUNE, c.name)]))
                   for c in cfg.candidates]
     return StudyProgress(handle.name, candidates)
 
