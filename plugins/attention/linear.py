@@ -11,14 +11,10 @@ grow linearly with the length.
 * Bidirectional (and cross-attention): one sum over all keys; padded keys get φ(k) = 0, so
   they drop out of numerator and normaliser alike.
 * Causal: the sums are prefix sums S_i = Σ_{j<=i} φ(k_j) v_jᵀ, z_i = Σ_{j<=i} φ(k_j). They
-  are computed in blocks of ``chunk`` positions (the standard chunked form, as in
-  flash-linear-attention's ``chunk`` kernels; ``chunk = 1`` is the plain recurrence): a
-  small chunk x chunk lower-triangular product covers the block itself, and the sums of all
-  earlier blocks (one state per block, an exclusive prefix sum over the blocks' own sums)
-  carry everything before it. Every block at once in batched matrix products: time and
-  memory linear in L, never a state per position. The default block is twice the head
-  width (within [16, 128]): the intra-block work (chunk x d) then matches the cross-block
-  work (d x d) per position.
+  are computed in blocks of ``chunk`` positions: the running sums carry everything before
+  a block, a small chunk x chunk lower-triangular product covers the block itself (the
+  standard chunked form; ``chunk = 1`` is the plain recurrence). Same sums, matrix
+  products instead of a Python loop over positions.
 * Decoding: the cache holds only the running sums (``state["kv"]``, ``state["z"]``), O(1)
   memory and time per token. Cross-attention computes the sums over the (padded) memory
   once, on the first cached step, and keeps them in the cross cache's state: each later
@@ -43,15 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness.plugin import (
-    Attention,
-    AttentionCache,
+from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     AttentionConfig,
     AttentionSpec,
-    Complexity,
     Ge,
-    allowed_mask,
+    RunningSumAttention,
     hookimpl,
+    kernel_weights,
+    ratio_or_zero,
 )
 
 WHY_NOT_BIAS = (
@@ -72,11 +67,6 @@ def feature(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0
 
 
-def normalise(num: Tensor, den: Tensor) -> Tensor:
-    """num / den, and 0 where no key contributes (den = 0 implies num = 0)."""
-    return num / torch.where(den > 0, den, torch.ones_like(den))
-
-
 def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None) -> Tensor:
     """Every query sees every key (plus the cached sums, when decoding)."""
     kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
@@ -84,7 +74,7 @@ def global_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None)
         if "kv" in state:
             kv, z = kv + state["kv"], z + state["z"]
         state["kv"], state["z"] = kv, z
-    return normalise(fq @ kv, fq @ z.unsqueeze(-1))
+    return ratio_or_zero(fq @ kv, fq @ z.unsqueeze(-1))
 
 
 def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None, chunk: int) -> Tensor:
@@ -116,17 +106,14 @@ def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None,
     if state is not None:
         total = before[:, :, -1] + sums[:, :, -1]
         state["kv"], state["z"] = total[..., :dv], total[..., dv]
-    return normalise(out[..., :dv], out[..., dv:])
+    return ratio_or_zero(out[..., :dv], out[..., dv:])
 
 
-class LinearAttention(Attention):
+class LinearAttention(RunningSumAttention):  # same shape as performer.py by design: one file per variant
     """Linear attention, φ = elu + 1; causal via prefix sums, O(1) decoding."""
 
-    memory_state = True  # the sums over the memory, kept by the cross cache
-    position_hooks = frozenset({"embedding", "qk"})
+    label = "linear attention"
     why_not = {"bias": WHY_NOT_BIAS}
-    # chunked prefix sums: L x chunk work; decoding keeps the running sums only
-    complexity = Complexity(time="L", memory="L", decode="1", state="1")
 
     def __init__(self, config: LinearConfig, *, d_model: int, num_heads: int) -> None:
         super().__init__(d_model, num_heads, dropout=config.dropout, bias=config.bias)
@@ -138,33 +125,18 @@ class LinearAttention(Attention):
             return 0
         return self.num_heads * self.qk_dim * (self.v_dim + 1)
 
-    def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
-                     key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        # Keys and values are folded into the running sums by attend(); keep nothing else.
-        cache.length = int(k_pos[-1].item()) + 1
-        return k, v, k_pos, key_padding_mask
-
     def attend(self, q, k, v, *, q_pos, k_pos, causal, key_padding_mask, bias, need_weights,  # type: ignore[no-untyped-def]
                state=None, cross=False):
-        if bias is not None:
-            raise ValueError(f"a position scheme with a score bias was passed: {WHY_NOT_BIAS}.")
-        if need_weights and state is not None and not cross:
-            raise ValueError("linear attention cannot return weights during cached decoding: "
-                             "the cache keeps running sums, not keys. Run a full pass.")
+        self.check_call(bias=bias, need_weights=need_weights, state=state, cross=cross)
         dropping = self.training and bool(self.dropout)
         fq = feature(q)
         # Cached cross-attention: the sums over the memory, computed on the first step.
         # (Not under key dropout, which draws new keys to drop at every call.)
         memo = state if (cross and state is not None and not dropping) else None
         if memo is not None and "kv" in memo and not need_weights:
-            return normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
+            return ratio_or_zero(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1)), None
         fk = feature(k)
-        keep = None
-        if key_padding_mask is not None:
-            keep = ~key_padding_mask[:, None, :, None]  # (B, 1, Lk, 1)
-        if dropping:
-            kept = torch.rand(*fk.shape[:3], 1, device=fk.device) >= self.dropout
-            keep = kept if keep is None else keep & kept
+        keep = self.kept_keys(key_padding_mask, fk, dropping)
         if keep is not None:
             fk = fk * keep.to(fk.dtype)
         if causal:
@@ -174,16 +146,10 @@ class LinearAttention(Attention):
         elif memo is not None:
             if "kv" not in memo:
                 memo["kv"], memo["z"] = fk.transpose(-2, -1) @ v, fk.sum(dim=-2)
-            out = normalise(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
+            out = ratio_or_zero(fq @ memo["kv"], fq @ memo["z"].unsqueeze(-1))
         else:
             out = global_sums(fq, fk, v, None if cross else state)
-        weights = None
-        if need_weights:
-            kernel = fq @ fk.transpose(-2, -1)
-            allowed = allowed_mask(q_pos, k_pos, causal=causal)
-            if allowed is not None:
-                kernel = kernel.masked_fill(~allowed, 0.0)
-            weights = normalise(kernel, kernel.sum(dim=-1, keepdim=True))
+        weights = kernel_weights(fq @ fk.transpose(-2, -1), q_pos, k_pos, causal) if need_weights else None
         return out, weights
 
 
