@@ -160,3 +160,18 @@ def test_ui_serves_the_project_store_on_loopback(registry, harness_home):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_train_prints_no_library_chatter_unless_verbose(tmp_path):
+    """Issue 11: no "GPU available" lines, no Lightning tips, no MLflow INFO lines (a check
+    that re-enabled logging once let them all back)."""
+    env = {**os.environ, "HARNESS_HOME": str(tmp_path / ".harness"), "OMP_WAIT_POLICY": "PASSIVE"}
+    args = [sys.executable, "-c", "import sys; from harness.cli import main; sys.exit(main())", "train", "--task", "copy", "--model", "transformer",
+            "--max-steps", "2", "--no-progress", "--set", "train.num_threads=1"]
+    quiet = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    for noise in ("GPU available", "litlogger", "Trainer.fit", "INFO"):
+        assert noise not in quiet.stdout + quiet.stderr, noise
+    loud = subprocess.run([*args[:3], "--verbose", *args[3:]], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert "GPU available" in loud.stdout + loud.stderr

@@ -141,7 +141,9 @@ def test_diverging_run_ends_failed_with_reason():
     reg = loader.load(plugins=[_nan_model_plugin()])
     cfg = tiny()
     cfg["model"] = {"name": "nan_model"}
-    with pytest.raises(RuntimeError, match="training loss became nan"):
+    from harness.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="training loss became nan"):
         harness.train(cfg, registry=reg)
     (run,) = all_runs()
     assert run.info.status == "FAILED"
@@ -251,8 +253,8 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     finally:
         if proc.poll() is None:
             proc.kill()
-    # Ctrl-C: Lightning's graceful shutdown exits 1; SIGTERM: 128 + 15, as a shell reports it
-    assert proc.returncode == (1 if signum == signal.SIGINT else 143)
+    # Ctrl-C: 130 with what was kept (issue 15); SIGTERM: 128 + 15, as a shell reports it
+    assert proc.returncode == (130 if signum == signal.SIGINT else 143)
     (run,) = all_runs()
     assert run.info.status == "KILLED"
     assert run.data.tags["harness.interrupted"] == "true"

@@ -270,14 +270,15 @@ def test_shipped_studies_validate(path, registry):
     anything (a component another plugin has not registered yet skips, with its name)."""
     config = load_study_config(path)
     header = path.read_text().split("\nname:")[0]
-    assert "CPU (2 cores):" in header and "GPU:" in header, "runtime missing from the header"
+    assert "Published finding" in header, "the header names no published finding it revisits"
+    assert "cpu " in header and "full " in header, "the header describes no profiles"
     try:
         space = validate(config, registry)
     except ConfigError as exc:
         if "Registered" in str(exc):  # an unknown-name error lists the registered names
             pytest.skip(f"needs a component that is not registered here: {exc}")
         raise
-    assert space.candidates and config.budget.trials >= 2 and config.confirm.seeds >= 2
+    assert space.candidates and config.budget.trials >= 1 and config.confirm.seeds >= 2
 
 
 def test_optimizer_and_schedule_are_searched_like_any_training_setting(registry):

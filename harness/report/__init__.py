@@ -29,6 +29,7 @@ Modules (this package re-exports nothing)::
     figures    the figures (matplotlib, Optuna's plots, attention maps)
     write      assembling the report folder and logging it to the parent run
     notebook   study_runs and study_summary (harness.study_runs, harness.study_summary)
+    summary    the parent MLflow run as the study's summary (metrics per candidate, the note)
 
 Import rules: the report reads the stores through :mod:`harness.study.storage` and
 :mod:`harness.study.progress`; it never imports the worker. ``verdict``, ``document``,

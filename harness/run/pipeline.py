@@ -187,7 +187,8 @@ def check_trainer_settings(cfg: RunConfig) -> None:
     import lightning as L
 
     t = cfg.train
-    logging.disable(logging.INFO)
+    before = logging.root.manager.disable  # the CLI may have quieted INFO already: keep that
+    logging.disable(max(before, logging.INFO))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -202,5 +203,5 @@ def check_trainer_settings(cfg: RunConfig) -> None:
             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
         ) from None
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(before)
 

@@ -139,7 +139,7 @@ def _study_run(args: argparse.Namespace) -> int:
     print(describe(handle, progress(handle)))
     storage = f" --storage {_masked(args.storage)}" if args.storage else ""
     if summary.complete:
-        from harness.study.summary import write_summary
+        from harness.report.summary import write_summary
 
         if args.report:
             from harness.report.write import write_report, written_files
@@ -200,8 +200,8 @@ def cmd_study_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.report.export import parse_formats
+    from harness.report.summary import write_summary
     from harness.report.write import write_report, written_files
-    from harness.study.summary import write_summary
 
     formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
