@@ -21,7 +21,9 @@ from harness.keys import Tag
 from harness.masking import mask_url
 
 #: Metric prefixes that measure the machine, not the model.
-MACHINE = ("cost/train_tokens_per_s", "cost/peak_")
+#: The costs a re-run must reproduce exactly (the others are times, rates and memory peaks:
+#: measurements of the machine and its load, compared by no one).
+DETERMINED = ("cost/params", "cost/state_size", "cost/flops_per_token")
 
 
 def version_differences(tags: dict[str, str], plan_tags: dict[str, str]) -> list[str]:
@@ -39,7 +41,7 @@ def compared(recorded: dict[str, float], now: dict[str, float]) -> tuple[list[st
     """(keys that match exactly, 'key recorded -> now' for those that differ)."""
     same, differ = [], []
     for key in sorted(set(recorded) & set(now)):
-        if key.startswith(MACHINE):
+        if key.startswith("cost/") and key not in DETERMINED:
             continue
         a, b = recorded[key], now[key]
         if a == b or (math.isnan(a) and math.isnan(b)):
