@@ -26,6 +26,7 @@ from servers import free_port
 from test_study import mlflow_server  # noqa: F401 (a fixture)
 
 from harness.cli import main
+from harness.study.storage import phase_study_name
 
 PG_BIN = Path(os.environ.get("HARNESS_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -166,8 +167,8 @@ def test_four_workers_started_together_on_an_empty_database(tmp_path, harness_ho
             _wait_for(lambda r=r: all((tmp_path / f"rc-{r}-{i}").exists() for i in range(n)), racers)
             codes = [(tmp_path / f"rc-{r}-{i}").read_text() for i in range(n)]
             assert codes == ["0"] * n, (r, codes, _kill_and_read(racers))
-            assert optuna.study.get_all_study_names(url).count(f"race{r}") == 1
-            record = optuna.load_study(study_name=f"race{r}", storage=url).user_attrs["harness.record"]
+            assert optuna.study.get_all_study_names(url).count(f"race{r}/_record") == 1
+            record = optuna.load_study(study_name=f"race{r}/_record", storage=url).user_attrs["harness.record"]
             client = MlflowClient(uri)
             runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                       "tags.`harness.kind` = 'study'")
@@ -218,14 +219,14 @@ def test_scale_out_recipe(tmp_path, harness_home, postgres_url, mlflow_server): 
     assert [w.returncode for w in workers] == [0] * 4, "\n\n".join(outputs)
 
     client = MlflowClient(mlflow_server)
-    record = optuna.load_study(study_name="recipe", storage=storage).user_attrs["harness.record"]
+    record = optuna.load_study(study_name="recipe/_record", storage=storage).user_attrs["harness.record"]
     parent = record["parent_run_id"]
     assert client.get_run(parent).info.status == "FINISHED"
     runs = client.search_runs([client.get_run(parent).info.experiment_id],
                               f"tags.mlflow.parentRunId = '{parent}'")
     for cand in ("sin", "nope"):
         for phase, slots in (("tune", 2), ("confirm", 2)):
-            trials = optuna.load_study(study_name=f"recipe/{phase}/{cand}", storage=storage).get_trials()
+            trials = optuna.load_study(study_name=phase_study_name("recipe", phase, cand), storage=storage).get_trials()
             assert [t.number for t in trials] == list(range(slots))
             assert all(t.state == TrialState.COMPLETE for t in trials)
     assert len(runs) == 8 and all(r.info.status == "FINISHED" for r in runs)
