@@ -30,6 +30,10 @@ def _plugin_args(p: argparse.ArgumentParser) -> None:
                         help="load a local plugin file (repeatable)"), "py")
 
 
+def _exit_130(signum: int, frame: object) -> None:
+    os._exit(130)
+
+
 @contextlib.contextmanager
 def ctrl_c(at_once: str) -> Iterator[None]:
     """The first Ctrl-C raises :class:`Interrupted` (the run or trial is ended cleanly and
@@ -56,7 +60,9 @@ def ctrl_c(at_once: str) -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # Once interrupted and cleaned up, a further Ctrl-C (while the message is printed
+        # and the process exits) exits at once, quietly: what was kept is being reported.
+        signal.signal(signal.SIGINT, _exit_130 if presses else previous)
 
 
 def paragraph(text: str) -> str:

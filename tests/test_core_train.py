@@ -233,7 +233,8 @@ def test_interrupted_run_ends_killed_not_running(tmp_path, harness_home, signum)
     path.write_text(yaml.safe_dump(cfg))
     log = tmp_path / "child.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "train", str(path)],
+        # --verbose: Lightning's "GPU available" line marks the store and run as created
+        [sys.executable, "-m", "harness.cli", "--verbose", "train", str(path)],
         stdout=log.open("w"), stderr=subprocess.STDOUT,
         # a shell's background jobs inherit SIGINT as ignored; a terminal's Ctrl-C does not
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -169,7 +169,9 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     the race (the first press's message alone), try again."""
     for attempt in range(4):
         code, err, _ = _interrupt_training(f"sqlite:///{tmp_path / f'm{attempt}.db'}", presses=2)
-        assert code == 130, err
+        # 130, or killed by SIGINT itself where Lightning had reset the handler: a shell shows
+        # both as exit status 130
+        assert code in (130, -signal.SIGINT), err
         assert "Traceback" not in err
         if "interrupted again: exiting at once" in err:
             assert "Kept:" not in err
