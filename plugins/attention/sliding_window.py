@@ -41,6 +41,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     Ge,
     IntRange,
     allowed_mask,
+    block_bias,
     hookimpl,
     masked_softmax,
     scaled,
@@ -142,17 +143,7 @@ class SlidingWindowAttention(Attention):
             r = rows.clamp(max=lq - 1) if bias.shape[-2] > 1 else torch.zeros_like(rows)
             col = index if bias.shape[-1] > 1 else torch.zeros_like(index)
             return bias[..., r[:, :, None], col[:, None, :]]
-        blocks = []
-        for i in range(n):
-            s = i * c
-            part = bias(q[:, :, s: s + c], q_pos[s: s + c], k_pos[index[i]])
-            if part is None:
-                return None
-            rows = min(c, lq - s)
-            part = part.expand(*part.shape[:-2], rows, span)
-            part = F.pad(part, (0, 0, 0, c - rows))  # the last block's padding rows
-            blocks.append(part.reshape((1,) * (4 - part.dim()) + tuple(part.shape)))
-        return torch.stack(blocks, dim=2)
+        return block_bias(bias, q, q_pos, k_pos[index], c)
 
     def _full(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, window):  # type: ignore[no-untyped-def]
         """Every score at once, with the weights (for logging)."""
