@@ -76,7 +76,7 @@ def extrapolation_curve(
     return save_figure(fig, path)
 
 
-LABELLED = 48  # the most tokens an attention map's axis labels one by one
+LABELLED = 32  # the most tokens an attention map's axis labels one by one
 
 
 def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_heads: int = 4,
@@ -107,14 +107,17 @@ def attention_maps(maps: Sequence[Any], path: str | Path, title: str = "", max_h
                 continue
             ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
             lq, lk = layer[h].shape
-            if tokens is not None and len(tokens) == lk:
-                ax.set_xticks(range(0, lk, step), list(tokens)[::step], rotation=90, fontsize=6)
-            if queries is not None and len(queries) == lq:
-                ax.set_yticks(range(0, lq, step), list(queries)[::step], fontsize=6)
-            ax.set_title(f"layer {i} · head {h}", fontsize=8)
-            ax.set_xlabel("key", fontsize=7)
+            # tokens label the outer panels only (keys under the last layer's row, queries
+            # left of the first head's column): tick labels are most of a figure's drawing time
+            if i == layers - 1:
+                ax.set_xlabel("key", fontsize=7)
+                if tokens is not None and len(tokens) == lk:
+                    ax.set_xticks(range(0, lk, step), list(tokens)[::step], rotation=90, fontsize=6)
             if h == 0:
                 ax.set_ylabel("query", fontsize=7)
+                if queries is not None and len(queries) == lq:
+                    ax.set_yticks(range(0, lq, step), list(queries)[::step], fontsize=6)
+            ax.set_title(f"layer {i} · head {h}", fontsize=8)
     heading = "\n".join(x for x in (title, _shorten(text)) if x)
     if heading:
         fig.suptitle(heading, fontsize=9)

@@ -320,22 +320,31 @@ def test_extrapolation_figure_ticks_every_length_and_bands(captured, tmp_path):
     assert palette(["a", "b"]) == {k: v for k, v in list(palette(["a", "b", "c"]).items())[:2]}
 
 
-def test_attention_maps_are_labelled(captured, tmp_path):
+def test_attention_maps_are_labelled_on_the_outer_panels(captured, tmp_path):
+    """Keys are labelled under the last layer's row, queries left of the first head's column;
+    inner panels carry no tick labels (they are most of a figure's drawing time)."""
     from harness.plots import attention_maps
 
     maps = [np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 4)) for _ in range(2)]
     attention_maps(maps, tmp_path / "a.png", title="run", tokens=["a", "b", "c", "d"], text="a b c d")
     fig = captured[0]
+    axes = {(i, h): fig.axes[2 * i + h] for i in (0, 1) for h in (0, 1)}
     assert [ax.get_title() for ax in fig.axes] == [f"layer {i} · head {h}" for i in (0, 1) for h in (0, 1)]
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b", "c", "d"]
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b", "c", "d"]
+    for (i, h), ax in axes.items():
+        xs = [t.get_text() for t in ax.get_xticklabels()]
+        ys = [t.get_text() for t in ax.get_yticklabels()]
+        assert xs == (["a", "b", "c", "d"] if i == 1 else []), (i, h)
+        assert ys == (["a", "b", "c", "d"] if h == 0 else []), (i, h)
+        assert ax.get_xlabel() == ("key" if i == 1 else "")
+        assert ax.get_ylabel() == ("query" if h == 0 else "")
     assert fig._suptitle.get_text() == "run\na b c d"
 
 
 def test_long_attention_maps_label_every_kth_token_in_a_bounded_figure(captured, tmp_path):
-    """At 200 tokens a map labels every 5th (at most 48 labels an axis) and its panels stay the
-    size of 48 labelled tokens: rendering the figure is part of every run's fixed cost."""
-    from harness.plots import attention_maps
+    """At 200 tokens a map labels every 7th (at most LABELLED = 32 labels an axis) and its
+    panels stay the size of 32 labelled tokens: rendering the figure is part of every run's
+    fixed cost."""
+    from harness.plots import LABELLED, attention_maps
 
     n = 200
     tokens = [f"t{i}" for i in range(n)]
@@ -343,9 +352,10 @@ def test_long_attention_maps_label_every_kth_token_in_a_bounded_figure(captured,
     attention_maps(maps, tmp_path / "long.png", tokens=tokens)
     fig = captured[0]
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert labels == tokens[::5] and len(labels) <= 48
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == tokens[::5]
-    assert fig.get_size_inches()[0] <= 2 * (0.16 * 48 + 1.0)
+    assert LABELLED == 32
+    assert labels == tokens[::7] and len(labels) <= LABELLED
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == tokens[::7]
+    assert fig.get_size_inches()[0] <= 2 * (0.16 * LABELLED + 1.0)
 
 
 def test_importance_needs_enough_trials():
