@@ -132,7 +132,14 @@ def _study_run(args: argparse.Namespace) -> int:
           f"tuning trials + {cfg.confirm.seeds} confirmation seeds); MLflow parent run "
           f"{handle.parent_run_id}; browse with `harness ui --study {handle.name}`", flush=True)
     metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "")
-    with StudyDisplay(metric=metric) as display:
+    from harness.study.spawn import extra_workers, log_path, worker_command
+
+    extra = args.workers - 1
+    command = worker_command(args.file, handle.name, cfg.profile, args.set, args.storage, args.tracking_uri)
+    if extra:
+        print(f"starting {extra} more worker(s) on this machine (logs: "
+              f"{log_path(handle.name, 1).parent}/{handle.name}-worker-N.log)", flush=True)
+    with extra_workers(extra, command, handle.name), StudyDisplay(metric=metric) as display:
         summary = run_worker(handle, space, display)
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
@@ -231,6 +238,9 @@ def add_parsers(subparsers: Any) -> None:
     _file_args(p, "study YAML (see studies/quickstart.yaml)")
     p.add_argument("--report", action="store_true", help="write the report when the study completes")
     p.add_argument("--out", default=None, help="report folder (with --report)")
+    p.add_argument("--workers", type=_workers, default=1, metavar="N",
+                   help="workers on this machine: this process and N-1 more (they share the "
+                        "cores; default 1)")
     _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_study_run)
@@ -257,6 +267,22 @@ def add_parsers(subparsers: Any) -> None:
     _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_report)
+
+
+MAX_WORKERS = 64
+
+
+def _workers(text: str) -> int:
+    """``--workers``: a whole number from 1 to :data:`MAX_WORKERS`."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"--workers must be a whole number from 1 to {MAX_WORKERS} (got {text!r}); use about "
+            f"one per core (each worker trains one trial at a time)")
+    return n
 
 
 def _file_args(p: argparse.ArgumentParser, what: str) -> None:

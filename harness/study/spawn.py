@@ -1,0 +1,104 @@
+"""``harness study run --workers N``: N workers on this machine from one command.
+
+The command's own process is the first worker (it shows the progress and writes the report);
+it starts N - 1 more ``harness study run`` processes on the same study, storage and tracking
+store once the study exists (so no two processes create a schema at once). Each extra
+worker writes its lines to ``$HARNESS_HOME/logs/<study>-worker-<i>.log``. They are ordinary
+workers: every trial slot is claimed once (:func:`harness.study.storage.claim_slot`), and the
+cores are split between them (:mod:`harness.threads`).
+
+The extra workers die with the command: on Linux the kernel sends them SIGTERM when it
+exits in any way, SIGKILL included (``prctl(PR_SET_PDEATHSIG)``); on any platform the
+command stops them (SIGTERM, then SIGKILL after ``grace_s``) when it leaves early, by
+Ctrl-C or an error. A worker stopped by SIGTERM records its trial FAILED and queued again,
+as any interrupted worker does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from harness import tracking
+
+
+def worker_command(file: str, study: str, profile: str | None, sets: list[str],
+                   storage: str | None, tracking_uri: str | None) -> list[str]:
+    """The ``harness study run`` line of an extra worker: the same study, profile and stores
+    as the command that starts it, no report."""
+    cmd = [sys.executable, "-m", "harness.cli", "study", "run", file, "--study-name", study]
+    if profile:
+        cmd += ["--profile", profile]
+    for item in sets:
+        cmd += ["--set", item]
+    if storage:
+        cmd += ["--storage", storage]
+    if tracking_uri:
+        cmd += ["--tracking-uri", tracking_uri]
+    return cmd
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    from harness.ui import die_with_parent
+
+    die_with_parent(signal.SIGTERM)
+
+
+def log_path(study: str, index: int) -> Path:
+    return tracking.home() / "logs" / f"{study}-worker-{index}.log"
+
+
+@contextlib.contextmanager
+def extra_workers(count: int, command: list[str], study: str, grace_s: float = 30.0
+                  ) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start ``count`` workers running ``command``; on leaving, wait for them when they are
+    finishing (the study is complete) or stop them (anything else)."""
+    env = dict(os.environ, HARNESS_HOME=str(tracking.home()))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(1, count + 1):
+            log = log_path(study, i)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(
+                    command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None))
+        yield procs
+    except BaseException:
+        stop(procs, grace_s)
+        raise
+    else:
+        wait(procs, grace_s)
+
+
+def wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
+    """Wait up to ``timeout_s`` for each worker to finish by itself, then stop what is left."""
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=timeout_s))
+        except subprocess.TimeoutExpired:
+            stop([p], timeout_s)
+            codes.append(p.returncode)
+    return codes
+
+
+def stop(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM to every live worker (each records its trial and exits), SIGKILL after
+    ``grace_s``."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
