@@ -78,7 +78,7 @@ def extra_workers(count: int, command: list[str], study: str, grace_s: float = 3
 
 def wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
     """Wait up to ``timeout_s`` for each worker to finish by itself, then stop what is left."""
-    codes = []
+    codes: list[int | None] = []
     for p in procs:
         try:
             codes.append(p.wait(timeout=timeout_s))
