@@ -139,7 +139,10 @@ class Tracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            from harness.schema_lock import schema_lock
+
+            with schema_lock(self.uri, "mlflow"):  # an empty database gets its schema once
+                self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
     def experiment_id(self, name: str) -> str:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.children import die_with_parent
 from harness.errors import HarnessError
 
 HOST = "127.0.0.1"
@@ -285,20 +286,6 @@ def _stop_supervisor(supervisor: subprocess.Popen[bytes]) -> None:
 
 
 # -- the supervisor -------------------------------------------------------------------------------
-def die_with_parent(signum: int = signal.SIGTERM) -> bool:
-    """Ask Linux to send ``signum`` to this process when its parent dies."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group ``pgid`` other than this one (Linux's /proc)."""
     out = []

@@ -15,7 +15,8 @@ CORE = ROOT / "harness"
 #: (Imports inside functions count too: a lazy import is still a dependency.)
 LAYERS = [
     {"harness.errors", "harness.keys", "harness.params", "harness.hookspecs", "harness.devices",
-     "harness.threads", "harness.masking", "harness.yaml_io"},
+     "harness.threads", "harness.masking", "harness.yaml_io", "harness.schema_lock",
+     "harness.children"},
     {"harness.data", "harness.registry", "harness.stats", "harness.plots", "harness.memory"},
     {"harness.nn"},
     {"harness.plugin", "harness.decoding", "harness.config", "harness.tracking", "harness.loader",

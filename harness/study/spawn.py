@@ -44,7 +44,7 @@ def worker_command(file: str, study: str, profile: str | None, sets: list[str],
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    from harness.ui import die_with_parent
+    from harness.children import die_with_parent
 
     die_with_parent(signal.SIGTERM)
 

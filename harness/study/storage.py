@@ -24,6 +24,7 @@ from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.masking import mask_url
+from harness.schema_lock import schema_lock
 from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
@@ -77,35 +78,6 @@ def quiet_experimental() -> Iterator[None]:
         yield
 
 
-#: The PostgreSQL advisory lock that serialises creating Optuna's schema (any 64-bit key
-#: no other program uses: "harness!" in ASCII).
-SCHEMA_LOCK = int.from_bytes(b"harness!", "big") & (2**63 - 1)
-
-
-@contextlib.contextmanager
-def schema_lock(url: str) -> Iterator[None]:
-    """Hold a database-wide lock while Optuna creates or checks its schema, so that workers
-    started together on an empty PostgreSQL database do not race ``CREATE TABLE`` (one would
-    die with a ``UniqueViolation``). SQLite serialises writers itself; other back-ends are
-    not locked."""
-    if not url.startswith("postgresql"):
-        yield
-        return
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK})
-            try:
-                yield
-            finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK})
-    finally:
-        engine.dispose()
-
-
 def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
                  max_retry: int = 2, must_exist: bool = False, read_only: bool = False) -> Any:
     """An Optuna RDB storage (SQLite by default). With ``heartbeat_s``, running trials record
@@ -125,7 +97,7 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             with _no_schema_versioning():
                 return RDBStorage(_read_only_url(url), engine_kwargs=engine,
                                   skip_table_creation=True, skip_compatibility_check=True)
-        with quiet_experimental(), schema_lock(url):
+        with quiet_experimental(), schema_lock(url, "optuna"):
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
@@ -308,6 +280,10 @@ def _wait_until_ready(storage: Any, name: str, timeout_s: float = 120) -> dict[s
         time.sleep(0.5)
 
 
+#: The parent run's ``harness.candidate``: the name of its group in the grouped runs table.
+SUMMARY_GROUP = "(study summary)"
+
+
 def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str | None,
             log: Log) -> StudyHandle:
     import optuna
@@ -321,6 +297,9 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
     parent = tracker.start_run(experiment, run_name=name, tags={
         Tag.STUDY: name, Tag.KIND: "study", Tag.STORAGE: redact(storage_url),
         Tag.FINGERPRINT: config.fingerprint(), Tag.NOTES: "; ".join(space.notes),
+        # the runs table grouped by candidate shows the parent as its own group under this
+        # name (a run without the tag would be listed under "Additional runs")
+        Tag.CANDIDATE: SUMMARY_GROUP,
     })
     tracker.log_params(parent, protocol_params(config))
     tracker.log_dict(parent, config.model_dump(mode="json"), "study.yaml")
