@@ -30,10 +30,6 @@ def _plugin_args(p: argparse.ArgumentParser) -> None:
                         help="load a local plugin file (repeatable)"), "py")
 
 
-def _exit_130(signum: int, frame: object) -> None:
-    os._exit(130)
-
-
 @contextlib.contextmanager
 def ctrl_c(at_once: str) -> Iterator[None]:
     """The first Ctrl-C raises :class:`Interrupted` (the run or trial is ended cleanly and
@@ -61,8 +57,10 @@ def ctrl_c(at_once: str) -> Iterator[None]:
         yield
     finally:
         # Once interrupted and cleaned up, a further Ctrl-C (while the message is printed
-        # and the process exits) exits at once, quietly: what was kept is being reported.
-        signal.signal(signal.SIGINT, _exit_130 if presses else previous)
+        # and the process exits with 130) is ignored: what was kept is being reported. Not a
+        # Python handler: the interpreter resets those to the default action when it shuts
+        # down, and a press in that window would kill the process by SIGINT instead.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if presses else previous)
 
 
 def paragraph(text: str) -> str:
