@@ -30,6 +30,7 @@ from test_study import CANDIDATE, TINY, nope
 from harness import ui
 from harness.cli import main
 from harness.keys import Tag, curve_key, val_key
+from harness.study.storage import SUMMARY_GROUP
 from harness.tracking import EXPERIMENT_KIND
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -254,6 +255,7 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd):
         note = tags["mlflow.note.content"]
         assert "| mha " in note and "| nope " in note and "Study tiny" in note
         assert params  # the protocol (budget, seeds, sampler, ...)
+        assert tags[Tag.CANDIDATE] == SUMMARY_GROUP  # its own group in the grouped table
 
         # the children: readable names, tags to group by, per-length curves with step = length
         found = post(base, "runs/search", {"experiment_ids": [exp_id], "max_results": 100,
@@ -284,6 +286,8 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd):
             shots.mkdir(parents=True, exist_ok=True)
             dom = render(runs_link, shots / "runs.png")
             assert all(name in dom for name in names), "run names missing from the rendered page"
+            # grouped by candidate: every run in a named group, the parent under its own name
+            assert SUMMARY_GROUP in dom and "Additional runs" not in dom
             assert (shots / "runs.png").stat().st_size > 10_000
 
         # SIGTERM to `harness ui`: the supervisor, the server and its workers all stop
