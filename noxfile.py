@@ -116,7 +116,8 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The property tests of bad input with thousands of examples (a few hundred run in `tests`)."""
+    """The property tests of bad input with thousands of examples (a few hundred run in `tests`),
+    and 200 accepted configurations trained a step each (8 in `tests`)."""
     install(session)
     session.run("pytest", "-q", "tests/test_bad_input.py", *session.posargs,
-                env={**ENV, "HYPOTHESIS_PROFILE": "fuzz"})
+                env={**ENV, "HYPOTHESIS_PROFILE": "fuzz", "HARNESS_TRAIN_EXAMPLES": "200"})

@@ -205,3 +205,72 @@ def test_the_property_tests_cover_the_fields_of_the_issue():
             "train.warmup_steps", "train.val_every"} <= names
     assert {"budget.trials", "budget.steps", "confirm.seeds"} <= {p for p, _ in STUDY_FIELDS}
 
+
+
+# -- accepted values train ------------------------------------------------------------------------
+
+def _in_range(info: Any) -> st.SearchStrategy[Any]:
+    """Values the field accepts: its bounds (or just inside an open one) and values between,
+    log-uniform where the range spans decades."""
+    import typing
+
+    ann = [a for a in typing.get_args(info.annotation) if a is not type(None)] or [info.annotation]
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in info.metadata:
+        if getattr(m, "ge", None) is not None:
+            lo = m.ge
+        if getattr(m, "gt", None) is not None:
+            lo, lo_open = m.gt, True
+        if getattr(m, "le", None) is not None:
+            hi = m.le
+        if getattr(m, "lt", None) is not None:
+            hi, hi_open = m.lt, True
+    assert lo is not None and hi is not None, info
+    if int in ann:
+        lo, hi = lo + lo_open, hi - hi_open
+        edges = [lo, hi, lo + 1, max(lo, min(hi, 64))]
+        return st.one_of(st.sampled_from(edges), st.integers(lo, hi))
+    tiny = 1e-12
+    lo_v, hi_v = (lo + tiny if lo_open else lo), (hi * (1 - tiny) if hi_open else hi)
+    inner = st.floats(lo_v, hi_v, allow_nan=False, allow_infinity=False)
+    if lo_v > 0 and hi_v / lo_v > 1e3:
+        inner = st.floats(math.log10(lo_v), math.log10(hi_v)).map(lambda e: min(hi_v, max(lo_v, 10.0 ** e)))
+    return st.one_of(st.sampled_from([lo_v, hi_v]), inner)
+
+
+#: a run that trains one step in about a second, whatever else is drawn
+ONE_STEP = {"task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 64, "num_val": 16}},
+            "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+                      "attention": {"name": "multi_head"}, "position": {"name": "sinusoidal"}},
+            "train": {"max_steps": 1, "val_every": 1, "batch_size": 8, "num_threads": 1,
+                      "max_time_s": 3, "log_attention": False, "progress": False}}
+
+
+@settings(max_examples=int(os.environ.get("HARNESS_TRAIN_EXAMPLES", "8")))
+@given(drawn=st.lists(st.sampled_from(RUN_FIELDS), min_size=1, max_size=3, unique_by=lambda f: f[0])
+       .flatmap(lambda fields: st.tuples(*[st.tuples(st.just(p), _in_range(i)) for p, i in fields])))
+def test_accepted_run_config_values_train_or_fail_with_a_clear_error(drawn):
+    """Values the schema accepts (its bounds included) either train a step or end in the
+    harness's own error (one paragraph naming the cause): never another exception."""
+    import copy
+
+    import harness
+    from harness.errors import HarnessError
+
+    cfg = copy.deepcopy(ONE_STEP)
+    for path, value in drawn:
+        *parents, leaf = path.split(".")
+        node = cfg
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        result = harness.train(cfg)
+    except HarnessError as exc:
+        text = str(exc).strip()
+        assert text and "Traceback" not in text, (drawn, text)
+        return
+    assert result.status in ("FINISHED", "FAILED"), (drawn, result.status)
+    if result.status == "FINISHED":
+        assert math.isfinite(result.metrics["val/loss"]), (drawn, result.metrics)

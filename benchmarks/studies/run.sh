@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a shipped study's CPU profile to completion on a fresh store and record how:
 #
-#   benchmarks/studies/run.sh STUDY [WORKERS]     # e.g. benchmarks/studies/run.sh mixers_lm 2
+#   benchmarks/studies/run.sh STUDY [WORKERS]     # e.g. benchmarks/studies/run.sh mixers_lm
 #
 # writes the report to benchmarks/studies/STUDY/ (md, json, csv and the figures) and
 # benchmarks/studies/STUDY/RUN.md: machine, versions, command, wall and CPU time (of the
@@ -9,7 +9,7 @@
 # and the worker logs. The store is a scratch HARNESS_HOME, removed afterwards.
 set -euo pipefail
 study=${1:?usage: run.sh STUDY [WORKERS]}
-workers=${2:-2}
+workers=${2:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/benchmarks/studies/$study"
 scratch=$(mktemp -d "/tmp/harness-study-$study-XXXX")
@@ -21,6 +21,7 @@ out=${RUN_OUT:-$out}  # a trial of this script: RUN_OUT=/tmp/x SETS="--set budge
 cmd+=(${SETS:-})
 
 cd "$root"
+commit="$(git rev-parse --short HEAD)$(git diff --quiet -- harness plugins studies || echo ' (with uncommitted changes)')"
 start_uptime=$(uptime); start=$(date -u +%FT%TZ); t0=$(date +%s)
 ( while sleep 30; do cut -d' ' -f1 /proc/loadavg; done ) > "$scratch/load" &
 sampler=$!
@@ -49,7 +50,7 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "- Command: \`benchmarks/studies/run.sh $study $workers\`, i.e. \`${cmd[*]//$scratch\/report/benchmarks/studies/$study}\`"
   echo "  (with \`OMP_WAIT_POLICY=PASSIVE\`, a fresh project store in a scratch \`HARNESS_HOME\`)"
   echo "- Machine: $cpu, $(nproc) cores visible, $mem, no GPU; Linux $(uname -r)"
-  echo "- Versions: $versions; harness at commit $(git rev-parse --short HEAD)$(git diff --quiet -- harness plugins studies || echo ' (with uncommitted changes)')"
+  echo "- Versions: $versions; harness at commit $commit"
   echo "- Started $start, ended $end"
   echo "- **Wall time $(awk -v s=$((t1 - t0)) 'BEGIN {printf "%.1f min", s/60}')** ($((t1 - t0)) s); CPU time of the command and its workers $(awk -v u="$user" -v s="$sys" 'BEGIN {printf "%.1f min (user %.0f s + sys %.0f s)", (u+s)/60, u, s}') (\`/usr/bin/time -v\`)"
   echo "- Load: 1-minute load average sampled every 30 s during the run: $loads on $(nproc) cores"
