@@ -3,6 +3,7 @@ default SQLite store; the extra workers die with the command, however it ends.""
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -15,23 +16,12 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from test_study_workers import STUDY as SHARED
 
-STUDY = {
-    "name": "local",
-    "task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 64, "num_val": 16}},
-    "candidates": [
-        {"name": name, "model": {"name": "transformer",
-                                 "params": {"layers": 1, "heads": 2, "d_model": 16, "ffn_mult": 2},
-                                 "search_declared": False,
-                                 "attention": {"name": "multi_head", "search_declared": False},
-                                 "position": {"name": position, "search_declared": False}}}
-        for name, position in (("sin", "sinusoidal"), ("nope", "none"))
-    ],
-    "search": {"lr": {"low": 1.0e-3, "high": 2.0e-2, "log": True}},
+# the two-candidate study of the PostgreSQL worker tests, smaller, on the default SQLite store
+STUDY = copy.deepcopy(SHARED) | {
+    "name": "local", "budget": {"trials": 2, "steps": 10},
     "train": {"batch_size": 16, "val_every": 10, "num_threads": 1, "log_attention": False},
-    "budget": {"trials": 2, "steps": 10},
-    "pruner": {"name": "none"},
-    "confirm": {"seeds": 2},
     "resume": {"heartbeat_s": 1, "grace_s": 10, "poll_s": 0.2},
 }
 
