@@ -131,9 +131,12 @@ def _linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chu
     q_in, k_out, carry = qc * cum.exp(), kc * to_end, whole.transpose(-1, -2)
     s = state if state is not None else q.new_zeros(b, h, dk, v.shape[-1])
     outs = []
-    for i in range(qc.shape[2]):
-        outs.append(intra[:, :, i] + q_in[:, :, i] @ s)
-        s = carry[:, :, i] * s + k_out[:, :, i].transpose(-1, -2) @ vc[:, :, i]
+    # chunks by unbind, not by index: the gradient of an indexed chunk is a zero tensor of the
+    # whole sequence, which made the backward pass O(L² / chunk)
+    for intra_i, q_i, carry_i, k_i, v_i in zip(*(t.unbind(2) for t in (intra, q_in, carry, k_out, vc)),
+                                                strict=True):
+        outs.append(intra_i + q_i @ s)
+        s = carry_i * s + k_i.transpose(-1, -2) @ v_i
     return torch.stack(outs, 2).flatten(2, 3)[:, :, :length], s
 
 
@@ -177,10 +180,11 @@ def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
     q_in, k_out = qc * cum.exp(), kc * to_end
     s = state if state is not None else q.new_zeros(b, h, dk, dv)
     outs = []
-    for i in range(qc.shape[2]):
-        u = u_v[:, :, i] - w[:, :, i] @ s
-        outs.append(q_in[:, :, i] @ s + scores[:, :, i] @ u)
-        s = whole[:, :, i] * s + k_out[:, :, i].transpose(-1, -2) @ u
+    for uv_i, w_i, q_i, score_i, whole_i, k_i in zip(
+            *(t.unbind(2) for t in (u_v, w, q_in, scores, whole, k_out)), strict=True):  # unbind: as above
+        u = uv_i - w_i @ s
+        outs.append(q_i @ s + score_i @ u)
+        s = whole_i * s + k_i.transpose(-1, -2) @ u
     return torch.stack(outs, 2).flatten(2, 3)[:, :, :length], s
 
 

@@ -195,8 +195,9 @@ class PerformerAttention(RunningSumAttention):  # same shape as linear.py by des
         c = self.chunk
         later = torch.ones(c, c, dtype=torch.bool, device=fq.device).triu(1)
         outs = []
-        for s in range(0, n, c):
-            qc, lkc, vc = fq[:, :, s: s + c], lk[:, :, s: s + c], v[:, :, s: s + c]
+        # blocks by split, not by slicing (a sliced block's gradient is a zero tensor of the
+        # whole sequence: O(L² / chunk) in the backward pass)
+        for qc, lkc, vc in zip(fq.split(c, 2), lk.split(c, 2), v.split(c, 2), strict=True):
             new_m = torch.maximum(m, lkc.amax(dim=(-2, -1), keepdim=True)).detach()
             rescale = torch.exp(m - new_m)
             kv, z, m = kv * rescale, z * rescale[..., 0], new_m

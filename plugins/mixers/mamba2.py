@@ -118,9 +118,10 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | Non
     h = x.new_zeros(b, G, R, P, N) if h0 is None else h0.reshape(b, G, R, P, N)
     total = torch.exp(cum[..., -1])  # (b, G, R, c)
     incoming = []
-    for i in range(c):
+    # chunks by unbind, not by index (an indexed chunk's gradient is a zero tensor of every chunk)
+    for total_i, state_i in zip(total.unbind(-1), states.unbind(3), strict=True):
         incoming.append(h)
-        h = total[..., i, None, None] * h + states[:, :, :, i]
+        h = total_i[..., None, None] * h + state_i
     # 4. each chunk reads its incoming state through C, decayed to each position
     y = y + (Cc @ torch.stack(incoming, dim=3).transpose(-1, -2)) * torch.exp(cum).unsqueeze(-1)
     y = y.permute(0, 3, 4, 1, 2, 5).reshape(b, c * Q, H, P)[:, :L]

@@ -82,8 +82,9 @@ def wkv(w: Tensor, u: Tensor, k: Tensor, v: Tensor, state: dict[str, Any], chunk
     earlier = (lag >= 0)[None, :, :, None]
     same = torch.eye(chunk, dtype=torch.bool, device=k.device)[None, :, :, None]
     outs = []
-    for s in range(0, n, chunk):
-        kc, vc = k[:, s: s + chunk], v[:, s: s + chunk]
+    # chunks by split, not by slicing: a sliced chunk's gradient is a zero tensor of the whole
+    # sequence, which made the backward pass O(L² / chunk)
+    for kc, vc in zip(k.split(chunk, 1), v.split(chunk, 1), strict=True):
         c = kc.shape[1]
         # log weight of key i for query t within the chunk (B, t, i, D)
         inside = kc[:, None] - lag[:c, :c, None] * w

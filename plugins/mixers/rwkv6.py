@@ -76,10 +76,10 @@ def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tenso
 
     ``r, k, log_w`` (B, H, L, K), ``v`` (B, H, L, V), ``u`` (H, K), ``state`` (B, H, K, V).
     Returns y (B, H, L, V) and the final state."""
-    n = r.shape[2]
     ys = []
-    for s in range(0, n, chunk):
-        rc, kc, vc, lw = r[:, :, s: s + chunk], k[:, :, s: s + chunk], v[:, :, s: s + chunk], log_w[:, :, s: s + chunk]
+    # chunks by split, not by slicing (a sliced chunk's gradient is a zero tensor of the whole
+    # sequence: O(L² / chunk) in the backward pass)
+    for rc, kc, vc, lw in zip(*(t.split(chunk, 2) for t in (r, k, v, log_w)), strict=True):
         c = rc.shape[2]
         incl = lw.cumsum(dim=2)  # b_t
         excl = incl - lw  # b_{t-1}
