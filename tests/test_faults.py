@@ -79,6 +79,26 @@ def test_out_of_memory_in_training_fails_cleanly_and_releases_the_model(tmp_path
     assert not [m for m in plugin.LIVE if type(m).__name__ == "HogMixer"]  # the model was released
 
 
+def test_a_gpu_out_of_memory_error_is_recognised_and_the_gpu_cache_emptied(monkeypatch):
+    """The GPU side of the path above, on CPU: CUDA's allocator raises ``torch.OutOfMemoryError``
+    (a RuntimeError whose text is CUDA's), which is named out of memory; releasing a failed
+    run's memory on a CUDA device gives the allocator's cached blocks back. No GPU here: the
+    driver call is replaced by a recorder (the one line that needs a GPU)."""
+    import torch
+
+    from harness.run.failure import is_out_of_memory, release_memory
+
+    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.10 GiB "
+                                 "total capacity; 70.12 GiB already allocated)")
+    assert is_out_of_memory(exc) and not is_out_of_memory(RuntimeError("shape mismatch"))
+    emptied: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    release_memory(torch.device("cpu"))
+    assert emptied == []
+    release_memory(torch.device("cuda", 0))
+    assert emptied == [True]
+
+
 def test_a_model_larger_than_memory_is_refused_before_training(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     code, err = _cli("train", "--task", "copy", "--model", "transformer", "--set", "model.params.d_model=65536",
