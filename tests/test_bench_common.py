@@ -55,3 +55,25 @@ def test_header_names_machine_command_and_load():
                          seconds=90, load_before="load average 1", load_after="load average 2")
     assert text.startswith("# T\n") and "CPU " in text and "torch " in text
     assert "`harness bench x`" in text and "1.5 min" in text and "load average 2" in text
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 2.0])
+def test_decode_growth_slope_sees_through_the_constant_cost_of_a_call(exponent):
+    """Per-token time = a constant (projections, MLPs, the call) + b * context^p: the plain
+    log-log slope reads far below p while the constant dominates; the growth slope recovers p."""
+    from harness.bench.decode import growth_slope
+
+    contexts = [256, 1024, 4096, 16384]
+    b = 0.3 / 4096 ** exponent  # the growing part is 0.3 ms at 4096: the constant 0.35 ms dominates
+    points = [(c, 0.35 + b * c ** exponent) for c in contexts]
+    assert common.loglog_slope(points[1:]) < 0.8 * exponent
+    assert growth_slope(points, fit_from=1024) == pytest.approx(exponent, abs=0.05)
+
+
+def test_decode_growth_slope_is_zero_for_a_flat_time_and_plain_without_a_base_context():
+    from harness.bench.decode import growth_slope
+
+    flat = [(256, 0.50), (1024, 0.52), (4096, 0.49), (16384, 0.53)]  # jitter, no growth
+    assert growth_slope(flat, fit_from=1024) == 0.0
+    no_base = [(1024, 1.0), (4096, 4.0)]
+    assert growth_slope(no_base, fit_from=1024) == pytest.approx(common.loglog_slope(no_base))

@@ -15,14 +15,15 @@ calls. Memory: ``state MB`` is the decoding cache the model holds after the gene
 tensor it keeps, all layers, the whole batch); ``peak MB`` is the rise of resident memory
 (CUDA: allocated memory) during the generation, after the prefill.
 
-The growth with context is a least-squares slope of log(time per token) and log(state) on
-log(context), fitted over the contexts from ``fit_from`` on (below it the constant cost of a
-call, the projections and the MLPs, hides the part that grows): about 1 for attention (every
-new token reads the whole cache), about 0 for recurrent forms (a fixed-size state).
+The growth with context: the log-log slope of the state over the contexts from ``fit_from``
+on, and the exponent of the part of the time per token that grows, once the constant cost of
+a call is fitted out (:func:`growth_slope`): about 1 for attention (every new token reads the
+whole cache), about 0 for recurrent forms (a fixed-size state).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,13 +230,64 @@ def benchmark(settings: Settings, archs: list[str], progress: Any = print) -> li
     return results
 
 
+#: Growth of the per-token time below this share of the constant cost is no growth (O(1)).
+FLAT = 0.15
+
+
+def growth_slope(points: list[tuple[int, float]], fit_from: int) -> float | None:
+    """The exponent p of the part of the per-token time that grows with the context.
+
+    A decoding call costs a constant (projections, MLPs, the call itself) plus what depends on
+    the context (attention reads the whole cache); on a CPU at small widths the constant hides
+    the growing part until contexts of tens of thousands, so a plain log-log slope of the time
+    reads about 0.3 for attention. Fitted instead: time = a + b * context^p, by least squares
+    of log(time - a) on log(context) over every context measured, with the constant a chosen
+    on a grid in [0, the smallest time) to minimise the residual (the contexts below
+    ``fit_from`` pin the constant). 0 when the time at the largest context exceeds the one at
+    the smallest by less than :data:`FLAT` of it (a fixed-size state). Without a context
+    below ``fit_from``: the plain log-log slope over the rest."""
+    pts = sorted((c, t) for c, t in points if c > 0 and t > 0)
+    fit = [(c, t) for c, t in pts if c >= fit_from]
+    if len(fit) < 2 or len(pts) < 3 or pts[0][0] >= fit_from:
+        return common.loglog_slope(fit)
+    low = min(t for _, t in pts)
+    if pts[-1][1] - pts[0][1] < FLAT * pts[0][1]:
+        return 0.0
+    xs = [math.log(c) for c, _ in pts]
+    mx = sum(xs) / len(xs)
+
+    def fit_with(a: float) -> tuple[float, float]:  # (residual, slope) of log(t - a) on log c
+        ys = [math.log(t - a) for _, t in pts]
+        my = sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        return sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)), slope
+
+    top = low * (1 - 1e-9)
+    grid = [top * i / GRID for i in range(GRID + 1)]
+    i = min(range(len(grid)), key=lambda j: fit_with(grid[j])[0])
+    lo, hi = grid[max(0, i - 1)], grid[min(GRID, i + 1)]
+    for _ in range(80):  # refine between the neighbours of the best grid point
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if fit_with(m1)[0] <= fit_with(m2)[0]:
+            hi = m2
+        else:
+            lo = m1
+    return fit_with((lo + hi) / 2)[1]
+
+
+#: Grid points for the constant of :func:`growth_slope`.
+GRID = 400
+
+
 def slopes(points: list[Point], fit_from: int) -> dict[str, dict[str, float | None]]:
-    """Per architecture: the log-log slopes of time per token and of state size on context."""
+    """Per architecture: the growth exponent of the time per token (:func:`growth_slope`) and
+    the log-log slope of the state size on context."""
     out: dict[str, dict[str, float | None]] = {}
     for arch in dict.fromkeys(p.arch for p in points):
-        ok = [p for p in points if p.arch == arch and p.status == "ok" and p.context >= fit_from]
-        out[arch] = {"time": common.loglog_slope([(p.context, p.ms_per_token or 0) for p in ok]),
-                     "state": common.loglog_slope([(p.context, p.state_mb or 0) for p in ok])}
+        ok = [p for p in points if p.arch == arch and p.status == "ok"]
+        fit = [p for p in ok if p.context >= fit_from]
+        out[arch] = {"time": growth_slope([(p.context, p.ms_per_token or 0) for p in ok], fit_from),
+                     "state": common.loglog_slope([(p.context, p.state_mb or 0) for p in fit])}
     return out
 
 
@@ -286,8 +338,12 @@ def method(settings: Settings) -> str:
   glibc thresholds at 128 KiB), `ms / token` the median call of the second (steady-state
   allocator); `tokens/s` = batch / that. `state MB`: every tensor of the decoding cache
   at the end.
-- Slopes: least squares of log(ms / token) and log(state MB) on log(context), over the
-  contexts >= {settings.fit_from}: about 1 = O(context) per token, about 0 = O(1)."""
+- Slopes: of `ms / token`, the exponent p of a fit a + b context^p over every context (a:
+  the constant cost of a call, which hides the growing part at small widths; least squares
+  of log(ms - a) on log(context), a on a grid below the smallest time; 0 when the time grows
+  by less than {FLAT:.0%} from the smallest to the largest context); of `state MB`, least
+  squares of log(state) on log(context) over the contexts >= {settings.fit_from}. About 1 =
+  O(context) per token, about 0 = O(1)."""
 
 
 def markdown(settings: Settings, points: list[Point], registry: Any, head: str) -> str:
