@@ -96,3 +96,21 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
     cfg = load_study_config(path, profile="cpu")
     assert sorted(c["name"] for c in summary["candidates"]) == sorted(c.name for c in cfg.candidates)
     assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
+
+
+def test_study_create_prints_a_run_command_with_the_same_profile_and_overrides(tmp_path, capsys):
+    """The command `study create` suggests runs the study it created: same profile and --set
+    values (without them a worker on a CPU machine would run the cpu profile instead)."""
+    from harness.cli import main
+
+    path = tmp_path / "mine.yaml"
+    study = yaml.safe_load(STUDIES[0].read_text())
+    study.pop("name", None)
+    study["profiles"] = {"cpu": {"budget": {"steps": 7}}, "full": {}}
+    path.write_text(yaml.safe_dump(study))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    assert main(["study", "create", str(path), "--profile", "full", "--set", "budget.trials=2",
+                 "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert (f"start workers with `harness study run {path} --profile full --storage {storage} "
+            f"--set budget.trials=2`") in out

@@ -88,8 +88,11 @@ def _warn_seeds(cfg: Any) -> None:
 def cmd_study_create(args: argparse.Namespace) -> int:
     _say(f"reading {args.file} ...")
     handle, _ = _prepare(args)
-    print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}"
-          + (f" --storage {_masked(args.storage)}`" if args.storage else "`"))
+    same = "".join(f" {flag} {value}" for flag, value in (
+        ("--profile", handle.config.profile if args.profile else None),
+        ("--study-name", args.study_name), ("--storage", _masked(args.storage) if args.storage else None))
+        if value) + "".join(f" --set {item}" for item in args.set)
+    print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}{same}`")
     return 0
 
 
