@@ -362,3 +362,31 @@ def test_importance_needs_enough_trials():
     from harness.report.figures import importance_min_trials
 
     assert [importance_min_trials(p) for p in (1, 2, 3, 5, 8)] == [10, 10, 20, 20, 32]
+
+
+@pytest.mark.parametrize("cost", ["params", "tokens_per_s", "peak_memory", "state_size"])
+def test_the_front_figure_and_table_take_every_cost(cost, captured, tmp_path):
+    """Every cost a study may put on its front (schema.COSTS) has an axis label, and the
+    front's cost is a column of the ranked table (a study with `front: state_size` crashed
+    in the figure)."""
+    from harness.report.figures import front
+    from harness.report.render import ranked_table
+    from harness.study.schema import COST_LABELS, COSTS
+
+    assert set(COST_LABELS) == set(COSTS)
+    results = [candidate("a", {1: 0.9, 2: 0.91, 3: 0.92}), candidate("b", {1: 0.5, 2: 0.52, 3: 0.51})]
+    for r, state in zip(results, (16_384.0, 1_024.0), strict=True):
+        for s in r.seeds:
+            s.metrics.update({"cost/state_size": state, "cost/peak_tensor_mb": state / 100,
+                              "cost/train_tokens_per_s": state * 3})
+    proto = protocol(3, front_cost=cost)
+    verdict = analyze(results, proto)
+    for r in results:
+        r.tuning_points = [(r.cost[cost], r.mean)]
+    assert front(None, results, verdict, proto, {"a": "C0", "b": "C1"}, tmp_path / "f.png") is not None
+    assert captured[0].axes[0].get_xlabel() == COST_LABELS[cost]
+    header, rows = ranked_table(results, verdict, proto)[1]
+    assert ("decoding state" in header) == (cost == "state_size")
+    if cost == "state_size":
+        column = header.index("decoding state")
+        assert sorted(row[column] for row in rows) == ["1,024", "16,384"]

@@ -21,6 +21,7 @@ from harness.keys import Phase, val_key
 from harness.plots import extrapolation_curve, pyplot, save_figure
 from harness.report.collect import CandidateResult, Protocol
 from harness.report.verdict import Verdict
+from harness.study.schema import COST_LABELS
 from harness.study.storage import StudyHandle
 
 
@@ -149,10 +150,9 @@ def front(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
         front_pts.sort()
         ax.plot(*zip(*front_pts, strict=True), color="black", linestyle="--", linewidth=1,
                 label="front")
-    if cost in ("params", "peak_memory"):
+    if cost in ("params", "peak_memory", "state_size"):
         ax.set_xscale("log")
-    ax.set_xlabel({"params": "parameters", "tokens_per_s": "training tokens / s",
-                   "peak_memory": "peak memory (MB)"}[cost])
+    ax.set_xlabel(COST_LABELS[cost])
     ax.set_ylabel(protocol.objective)
     label = next((r.interval.label for r in results if r.interval is not None), "")
     note = "" if verdict.front else "; no front: costs not resolved apart"

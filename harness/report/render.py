@@ -78,6 +78,9 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
               f"{protocol.objective}: mean [{methods(results, protocol)} interval]",
               "seeds " + ", ".join(map(str, seeds)), "params", "tokens/s", "peak MB",
               "tuning: done (pruned, failed) / budget"]
+    state = protocol.front_cost == "state_size"  # the front's cost gets a column of its own
+    if state:
+        header.insert(-1, "decoding state")
     rows = []
     for name in verdict.order:
         r = by_name[name]
@@ -94,6 +97,8 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
             count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")),
             f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
         ])
+        if state:
+            rows[-1].insert(-1, count(r.cost.get("state_size")))
     return "table", (header, rows)
 
 

@@ -48,6 +48,13 @@ COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "params": ((Metric.PARAMS,), "minimize"),
     "state_size": ((Metric.STATE_SIZE,), "minimize"),
 }
+#: How reports name each cost (axes, columns).
+COST_LABELS: dict[str, str] = {
+    "tokens_per_s": "training tokens / s",
+    "peak_memory": "peak memory (MB)",
+    "params": "parameters",
+    "state_size": "decoding state (elements)",
+}
 
 
 class SearchComponent(Strict):
