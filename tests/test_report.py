@@ -390,3 +390,17 @@ def test_the_front_figure_and_table_take_every_cost(cost, captured, tmp_path):
     if cost == "state_size":
         column = header.index("decoding state")
         assert sorted(row[column] for row in rows) == ["1,024", "16,384"]
+
+
+def test_a_decoding_state_difference_counts_on_the_front_without_a_test():
+    """State size, like the parameter count, is fixed by the architecture (the same on every
+    seed): a smaller state with quality not resolved worse puts a candidate on the front (the
+    first mixers_recall report said 'no front' because it tested identical values)."""
+    results = [candidate("big", {1: 0.90, 2: 0.91, 3: 0.92, 4: 0.90, 5: 0.91, 6: 0.92}),
+               candidate("small", {1: 0.91, 2: 0.90, 3: 0.92, 4: 0.91, 5: 0.90, 6: 0.91}),
+               candidate("bad", {1: 0.30, 2: 0.31, 3: 0.32, 4: 0.30, 5: 0.31, 6: 0.29})]
+    for r, state in zip(results, (4_096.0, 1_024.0, 512.0), strict=True):
+        for s in r.seeds:
+            s.metrics["cost/state_size"] = state
+    verdict = analyze(results, protocol(6, front_cost="state_size", test="t"))
+    assert sorted(verdict.front) == ["bad", "small"]  # big: not better than small, and larger

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from harness import stats
 from harness.keys import val_key
 from harness.report.collect import CandidateResult, Comparison, Protocol, cost_value
-from harness.study.schema import COSTS
+from harness.study.schema import COSTS, DETERMINED_COSTS
 
 #: A candidate whose parameter count is further than this from ``budget.params`` is flagged.
 PARAM_TOLERANCE = 0.05
@@ -167,7 +167,7 @@ def _compare_with(r: CandidateResult, best: CandidateResult | None, base: Candid
 def _front(ranked: list[CandidateResult], protocol: Protocol,
            better: Callable[[CandidateResult, CandidateResult], bool]) -> tuple[list[str] | None, str]:
     cost = protocol.front_cost
-    measured = cost != "params"
+    measured = cost not in DETERMINED_COSTS  # a measured cost varies over seeds: test it
     csign = 1.0 if COSTS[cost][1] == "maximize" else -1.0
     alpha, test = protocol.alpha, protocol.test
 

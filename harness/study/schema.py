@@ -48,6 +48,8 @@ COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "params": ((Metric.PARAMS,), "minimize"),
     "state_size": ((Metric.STATE_SIZE,), "minimize"),
 }
+#: Costs the architecture fixes (every seed has the same value): a difference needs no test.
+DETERMINED_COSTS = frozenset({"params", "state_size"})
 #: How reports name each cost (axes, columns).
 COST_LABELS: dict[str, str] = {
     "tokens_per_s": "training tokens / s",
