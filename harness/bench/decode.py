@@ -240,43 +240,32 @@ def growth_slope(points: list[tuple[int, float]], fit_from: int) -> float | None
     A decoding call costs a constant (projections, MLPs, the call itself) plus what depends on
     the context (attention reads the whole cache); on a CPU at small widths the constant hides
     the growing part until contexts of tens of thousands, so a plain log-log slope of the time
-    reads about 0.3 for attention. Fitted instead: time = a + b * context^p, by least squares
-    of log(time - a) on log(context) over every context measured, with the constant a chosen
-    on a grid in [0, the smallest time) to minimise the residual (the contexts below
-    ``fit_from`` pin the constant). 0 when the time at the largest context exceeds the one at
-    the smallest by less than :data:`FLAT` of it (a fixed-size state). Without a context
-    below ``fit_from``: the plain log-log slope over the rest."""
+    reads about 0.3 for attention. Fitted instead: time = a + b * context^p. The constant a
+    starts as the time at the smallest context (below ``fit_from``); p and b are the
+    least-squares fit of log(time - a) on log(context) over the contexts from ``fit_from`` on;
+    then a = time at the smallest context - b * its context^p (the smallest context's own
+    growing share), repeated until a settles. 0 when the time at the largest context exceeds
+    the one at the smallest by less than :data:`FLAT` of it (a fixed-size state). Without a
+    context below ``fit_from``: the plain log-log slope over the rest."""
     pts = sorted((c, t) for c, t in points if c > 0 and t > 0)
     fit = [(c, t) for c, t in pts if c >= fit_from]
-    if len(fit) < 2 or len(pts) < 3 or pts[0][0] >= fit_from:
+    if len(fit) < 2 or pts[0][0] >= fit_from:
         return common.loglog_slope(fit)
-    low = min(t for _, t in pts)
-    if pts[-1][1] - pts[0][1] < FLAT * pts[0][1]:
+    c0, t0 = pts[0]
+    if pts[-1][1] - t0 < FLAT * t0:
         return 0.0
-    xs = [math.log(c) for c, _ in pts]
-    mx = sum(xs) / len(xs)
-
-    def fit_with(a: float) -> tuple[float, float]:  # (residual, slope) of log(t - a) on log c
-        ys = [math.log(t - a) for _, t in pts]
-        my = sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-        return sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)), slope
-
-    top = low * (1 - 1e-9)
-    grid = [top * i / GRID for i in range(GRID + 1)]
-    i = min(range(len(grid)), key=lambda j: fit_with(grid[j])[0])
-    lo, hi = grid[max(0, i - 1)], grid[min(GRID, i + 1)]
-    for _ in range(80):  # refine between the neighbours of the best grid point
-        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if fit_with(m1)[0] <= fit_with(m2)[0]:
-            hi = m2
-        else:
-            lo = m1
-    return fit_with((lo + hi) / 2)[1]
-
-
-#: Grid points for the constant of :func:`growth_slope`.
-GRID = 400
+    a, slope = t0, None
+    for _ in range(100):
+        growing = [(c, t - a) for c, t in fit if t > a]
+        slope = common.loglog_slope(growing)
+        if slope is None:
+            return None
+        log_b = sum(math.log(g) - slope * math.log(c) for c, g in growing) / len(growing)
+        settled = max(0.0, t0 - math.exp(log_b) * c0 ** slope)
+        if abs(settled - a) <= 1e-9 * t0:
+            break
+        a = settled
+    return slope
 
 
 def slopes(points: list[Point], fit_from: int) -> dict[str, dict[str, float | None]]:
@@ -338,12 +327,12 @@ def method(settings: Settings) -> str:
   glibc thresholds at 128 KiB), `ms / token` the median call of the second (steady-state
   allocator); `tokens/s` = batch / that. `state MB`: every tensor of the decoding cache
   at the end.
-- Slopes: of `ms / token`, the exponent p of a fit a + b context^p over every context (a:
-  the constant cost of a call, which hides the growing part at small widths; least squares
-  of log(ms - a) on log(context), a on a grid below the smallest time; 0 when the time grows
-  by less than {FLAT:.0%} from the smallest to the largest context); of `state MB`, least
-  squares of log(state) on log(context) over the contexts >= {settings.fit_from}. About 1 =
-  O(context) per token, about 0 = O(1)."""
+- Slopes: of `ms / token`, the exponent p of a fit a + b context^p (a: the constant cost of
+  a call, which hides the growing part at small widths, from the smallest context less its
+  own growing share; p: least squares of log(ms - a) on log(context) over the contexts >=
+  {settings.fit_from}; 0 when the time grows by less than {FLAT:.0%} from the smallest to the
+  largest context); of `state MB`, least squares of log(state) on log(context) over the
+  contexts >= {settings.fit_from}. About 1 = O(context) per token, about 0 = O(1)."""
 
 
 def markdown(settings: Settings, points: list[Point], registry: Any, head: str) -> str:
