@@ -162,7 +162,11 @@ def worker_main(path: str, storage: str, tracking_uri: str, out: str) -> None:
     r = cfg.resume
     handle = open_study(str(cfg.name), open_storage(storage, r.heartbeat_s, r.grace_s, r.max_retry),
                         storage, tracking_uri)
-    summary = worker.run_worker(handle, space, log=lambda line: None)
+    import io
+
+    from harness.study.display import StudyDisplay
+
+    summary = worker.run_worker(handle, space, StudyDisplay(stream=io.StringIO(), live=False))
     Path(out).write_text(json.dumps({"seconds": timer.seconds, "jobs": summary.jobs}))
 
 
