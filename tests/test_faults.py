@@ -154,16 +154,16 @@ def _wait_for_training(uri: str, proc: subprocess.Popen, timeout: float = 240) -
     raise AssertionError("the run did not start training in time")
 
 
-def _interrupt_training(uri: str, presses: int) -> tuple[int, str, Any]:
-    """Start a long `harness train`, press Ctrl-C ``presses`` times once it trains: its exit
-    code, stderr and MLflow run."""
+def _interrupt_training(uri: str, presses: int, gap_s: float = 0.05) -> tuple[int, str, Any]:
+    """Start a long `harness train`, press Ctrl-C ``presses`` times (``gap_s`` apart) once it
+    trains: its exit code, stderr and MLflow run."""
     proc = _start(["train", *TINY_TRAIN, "--max-steps", "100000", "--set", "train.val_every=4",
                    "--tracking-uri", uri])
     try:
         run = _wait_for_training(uri, proc)
         for press in range(presses):
             if press:
-                time.sleep(0.05)  # two signals before Python's handler runs count as one
+                time.sleep(gap_s)  # two signals before Python's handler runs count as one
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -186,9 +186,12 @@ def test_ctrl_c_on_train_exits_130_saying_what_was_kept(tmp_path):
 @pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once(tmp_path):
     """The second press must land while the first one's cleanup runs; when the cleanup won
-    the race (the first press's message alone), try again."""
-    for attempt in range(4):
-        code, err, _ = _interrupt_training(f"sqlite:///{tmp_path / f'm{attempt}.db'}", presses=2)
+    the race (the first press's message alone: the late press was ignored, exit 130 all the
+    same) or the two presses came before Python ran the handler (they count as one), try again
+    with another gap: the cleanup takes tens of milliseconds on an idle machine."""
+    for attempt, gap in enumerate((0.005, 0.01, 0.02, 0.035, 0.05, 0.08, 0.005, 0.02)):
+        code, err, _ = _interrupt_training(f"sqlite:///{tmp_path / f'm{attempt}.db'}", presses=2,
+                                           gap_s=gap)
         # 130 either way: at once from the handler, or after the cleanup (a press after it
         # is ignored, never the default action that kills by SIGINT)
         assert code == 130, err
