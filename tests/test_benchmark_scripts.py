@@ -1,0 +1,27 @@
+"""The benchmark scripts under benchmarks/ drive the harness's internals (the worker loop, the
+stores); a change there must not leave them broken until the next time someone measures
+(study_scale.py was: `run_worker` had changed its signature). Each runs here at its smallest
+size, for real, and must write its table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_study_scale_runs_at_its_smallest_size(tmp_path):
+    out = tmp_path / "scale.md"
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "study_scale.py"), "--backend", "sqlite",
+                           "--sizes", "30", "--workers", "1", "--out", str(out), "--label", "test"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = out.read_text()
+    assert "### sqlite, 1 workers" in table
+    row = next(line for line in table.splitlines() if line.startswith("| 30 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and float(cells[7]) > 0 and float(cells[8]) > 0  # wall, status, report
