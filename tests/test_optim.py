@@ -71,3 +71,20 @@ def test_parameters_marked_no_weight_decay_are_spared():
     model.lin, model.A_log = lin, a_log
     opt, _ = make_optimizer(model, TrainConfig(weight_decay=0.1))
     assert [p is a_log for p in opt.param_groups[1]["params"]].count(True) == 1
+
+
+def test_weight_decay_left_unset_is_decoupled_only_with_adamw():
+    """AdamW's 0.01 is an L2 term with Adam and SGD, which collapsed Adam on recall (0.99 ->
+    0.006, benchmarks/defaults.md): unset, it is 0 there; set, it is what the user said."""
+    from harness.config import load_run_config
+
+    base = ["task.name=copy", "model.name=transformer"]
+    decay = {opt: load_run_config(overrides=[*base, f"train.optimizer={opt}"]).train.weight_decay
+             for opt in ("adamw", "adam", "sgd")}
+    assert decay == {"adamw": 0.01, "adam": 0.0, "sgd": 0.0}
+    explicit = load_run_config(overrides=[*base, "train.optimizer=adam", "train.weight_decay=0.01"])
+    assert explicit.train.weight_decay == 0.01
+    # what a run logs (the resolved config) reads back as the same value
+    again = load_run_config(overrides=[*base, "train.optimizer=adam",
+                                       f"train.weight_decay={decay['adam']}"])
+    assert again.train.weight_decay == 0.0
