@@ -204,8 +204,28 @@ def g_seeds() -> list[dict[str, Any]]:
     return out
 
 
+def g_optimizer() -> list[dict[str, Any]]:
+    """Transformer on recall, ``harness.train`` with the default recipe (untied, warm-up,
+    cosine, clipping) under each optimizer: AdamW (decoupled decay 0.01, the default) against
+    Adam and SGD with momentum 0.9 (at larger learning rates, as SGD needs), with AdamW's 0.01
+    as an L2 term (what they got before 2026-11-25) and without decay (their default since)."""
+    m, t = "transformer", "associative_recall"
+    out = []
+    for lr in (1e-3, 3e-3):
+        out.append(spec("recipe", m, t, lr, "{tied}, AdamW, weight decay 0.01 (default)", params=UNTIED))
+        out.append(spec("recipe", m, t, lr, "{tied}, Adam, L2 0.01", params=UNTIED,
+                        train={"optimizer": "adam", "weight_decay": 0.01}))
+        out.append(spec("recipe", m, t, lr, "{tied}, Adam, no decay (default)", params=UNTIED,
+                        train={"optimizer": "adam", "weight_decay": 0.0}))
+    for lr in (3e-2, 1e-1):
+        out.append(spec("recipe", m, t, lr, "{tied}, SGD momentum 0.9, L2 0.01", params=UNTIED,
+                        train={"optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.01}))
+    return out
+
+
 GROUPS = {"tying": g_tying, "recipe": g_recipe, "positions": g_positions, "short": g_short,
-          "untie_all": g_untie_all, "untie_seeds": g_untie_seeds, "module_gaps": g_module_gaps, "seeds": g_seeds}
+          "untie_all": g_untie_all, "untie_seeds": g_untie_seeds, "module_gaps": g_module_gaps, "seeds": g_seeds,
+          "optimizer": g_optimizer}
 
 
 def metric_cell(row: dict[str, Any], task: str) -> str:
