@@ -88,25 +88,30 @@ def _warn_seeds(cfg: Any) -> None:
 def cmd_study_create(args: argparse.Namespace) -> int:
     _say(f"reading {args.file} ...")
     handle, _ = _prepare(args)
-    same = "".join(f" {flag} {value}" for flag, value in (
-        ("--profile", handle.config.profile if args.profile else None),
-        ("--study-name", args.study_name), ("--storage", _masked(args.storage) if args.storage else None))
-        if value) + "".join(f" --set {item}" for item in args.set)
-    print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}{same}`")
+    print(f"study '{handle.name}' is ready; start workers with `harness study run {args.file}"
+          f"{_same_study(args)}`")
     return 0
+
+
+def _same_study(args: argparse.Namespace) -> str:
+    """The options that make another `harness study run` work on this study (name, profile,
+    stores and --set overrides), passwords masked: for the commands the CLI suggests."""
+    from harness.masking import mask_url
+
+    named = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
+        ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),
+        ("tracking_uri", args.tracking_uri)) if value)
+    return named + "".join(f" --set {item}" for item in args.set)
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
     from harness.cli import ctrl_c
     from harness.errors import Interrupted
-    from harness.masking import mask_url
     from harness.threads import passive_wait
 
     passive_wait()  # before torch loads: this worker's idle OpenMP threads sleep, not spin
 
-    same = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
-        ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),
-        ("tracking_uri", args.tracking_uri)) if value)
+    same = _same_study(args)  # the resume command keeps --set too: the study's config depends on it
     with ctrl_c("The running trial stays RUNNING until its heartbeat goes stale; the next "
                 "worker retries it."):
         try:

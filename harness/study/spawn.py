@@ -76,16 +76,13 @@ def extra_workers(count: int, command: list[str], study: str, grace_s: float = 3
         wait(procs, grace_s)
 
 
-def wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
+def wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
     """Wait up to ``timeout_s`` for each worker to finish by itself, then stop what is left."""
-    codes: list[int | None] = []
     for p in procs:
         try:
-            codes.append(p.wait(timeout=timeout_s))
+            p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             stop([p], timeout_s)
-            codes.append(p.returncode)
-    return codes
 
 
 def stop(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
