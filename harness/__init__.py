@@ -26,7 +26,7 @@ from harness.hookspecs import hookimpl
 from harness.registry import AttentionSpec, ModelSpec, PositionSpec, Registry, Spec, TaskSpec
 
 if TYPE_CHECKING:
-    from harness.data import Task
+    from harness.data.tasks import Task
     from harness.run.pipeline import RunResult
 
 
@@ -81,7 +81,7 @@ def create_model(
     from pydantic import ValidationError
 
     from harness.config import ComponentConfig, ModelConfig, format_validation_error
-    from harness.data import TaskInfo
+    from harness.data.tasks import TaskInfo
     from harness.run.build import build_model_from
     from harness.run.plan import resolve_model
 

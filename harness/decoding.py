@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.data import BOS, EOS, PAD, SEP, SEQ2SEQ, BatchFormat, Example
+from harness.data.formats import SEQ2SEQ, BatchFormat
+from harness.data.tasks import BOS, EOS, PAD, SEP, Example
 
 
 def _trim(ids: Sequence[int]) -> list[int]:

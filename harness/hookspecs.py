@@ -72,7 +72,7 @@ def harness_register_model(register: Callable[[ModelSpec], None]) -> None:
     Called once while plugins load. Call ``register(ModelSpec(...))`` once per model.
     The spec's ``build(config, *, task, attention, position)`` must return a plain
     ``torch.nn.Module`` whose ``forward`` follows the batch format of the task kinds listed
-    in ``task_kinds`` (see :mod:`harness.data`). ``attention``, ``position`` (and ``mixer``,
+    in ``task_kinds`` (see :mod:`harness.data.formats`). ``attention``, ``position`` (and ``mixer``,
     passed only to a model that declares ``uses_mixer``) are factories (``None`` when the
     config gives none). Return nothing.
     """
@@ -84,5 +84,5 @@ def harness_register_task(register: Callable[[TaskSpec], None]) -> None:
 
     Called once while plugins load. Call ``register(TaskSpec(...))`` once per task. The
     spec's ``build(config, *, seed)`` (usually the task's class) must return a
-    :class:`harness.data.Task`; its kind is read from the class. Return nothing.
+    :class:`harness.data.tasks.Task`; its kind is read from the class. Return nothing.
     """

@@ -56,7 +56,8 @@ from __future__ import annotations
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
-from harness.data import (
+from harness.data.formats import as_lm
+from harness.data.tasks import (
     BOS,
     EOS,
     PAD,
@@ -66,7 +67,6 @@ from harness.data import (
     TaskConfig,
     TaskInfo,
     Vocab,
-    as_lm,
     lm_windows,
 )
 from harness.decoding import edit_distance, greedy, greedy_steps

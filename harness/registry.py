@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from harness.data import FORMATS
+from harness.data.formats import FORMATS
 from harness.errors import PluginError, UnknownNameError
 from harness.params import NoParams, check_defaults
 
@@ -40,7 +40,7 @@ class PluginKind(StrEnum):
 POSITION_HOOKS = frozenset({"embedding", "qk", "bias"})
 #: The position-scheme methods behind each hook point.
 HOOK_METHODS = {"embed": "embedding", "rotate": "qk", "score_bias": "bias"}
-#: Task kinds; each is the name of a batch format (see harness.data).
+#: Task kinds; each is the name of a batch format (see harness.data.formats).
 TASK_KINDS = frozenset(FORMATS)
 #: Directions a sequence mixer can run in.
 DIRECTIONS = frozenset({"causal", "bidirectional"})
@@ -255,8 +255,8 @@ class ModelSpec(Spec):
 
 @dataclass(frozen=True)
 class TaskSpec(Spec):
-    """A task: ``build(config, *, seed)`` returns a :class:`harness.data.Task`. ``task_kind``
-    (``lm``, ``seq2seq``, ``classification``, ``tagging``; see :mod:`harness.data`) is
+    """A task: ``build(config, *, seed)`` returns a :class:`harness.data.tasks.Task`. ``task_kind``
+    (``lm``, ``seq2seq``, ``classification``, ``tagging``; see :mod:`harness.data.formats`) is
     derived from the task class's ``task_kind``; a build function must declare it."""
 
     kind: ClassVar[str] = PluginKind.TASK

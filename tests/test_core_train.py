@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 import harness
 from harness import loader, tracking
 from harness.config import parse_run_config
-from harness.data import LM
+from harness.data.formats import LM
 from harness.errors import ConfigError, IncompatibleError
 from harness.registry import AttentionSpec, ModelSpec, PositionSpec
 from harness.run.plan import plan
@@ -284,7 +284,7 @@ def test_a_ddp_spawn_run_on_two_cpu_processes_logs_what_a_single_process_run_log
 
 
 def test_attention_maps_carry_each_examples_tokens_for_the_axis_labels(registry):
-    from harness.data import LM
+    from harness.data.formats import LM
     from harness.run.evaluate import attention_maps
 
     task = harness.create_task("copy", length=5, vocab=4, num_train=8, num_val=4, registry=registry)

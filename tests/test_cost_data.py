@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from harness.data import CLASSIFICATION, LM, SEQ2SEQ, TAGGING
+from harness.data.formats import CLASSIFICATION, LM, SEQ2SEQ, TAGGING
 from harness.run.batches import DeviceBatches, row_widths
 
 

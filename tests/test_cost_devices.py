@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness import devices
-from harness.data import LM
+from harness.data.formats import LM
 from harness.keys import Metric
 from harness.memory import PeakMemory
 from harness.run import batches

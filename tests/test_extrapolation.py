@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.data import collate, lm_windows
+from harness.data.formats import collate
+from harness.data.tasks import lm_windows
 from harness.registry import ModelSpec
 
 STREAM = list(range(1000, 1100))  # token value = 1000 + its index in the stream

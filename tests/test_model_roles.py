@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 import harness
 from harness import tracking
 from harness.config import parse_run_config
-from harness.data import TaskInfo
+from harness.data.tasks import TaskInfo
 from harness.errors import ConfigError, IncompatibleError
 from harness.run.build import build_model
 from harness.run.plan import plan

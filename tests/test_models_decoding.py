@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import harness
-from harness.data import BOS, EOS, FORMATS, PAD, SEP, as_lm, collate
+from harness.data.formats import FORMATS, as_lm, collate
+from harness.data.tasks import BOS, EOS, PAD, SEP
 from harness.decoding import beam_search, edit_distance, greedy
 from harness.run.system import scheduled_sampling
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness.data import FORMATS, Vocab, collate
+from harness.data.formats import FORMATS, collate
+from harness.data.tasks import Vocab
 
 NUM_SYMBOLS = 8
 VOCAB = Vocab(tuple(f"s{i}" for i in range(NUM_SYMBOLS)))

@@ -18,7 +18,8 @@ import torch
 
 import harness
 from harness import loader
-from harness.data import PAD, Task, TaskConfig, Vocab, collate
+from harness.data.formats import collate
+from harness.data.tasks import PAD, Task, TaskConfig, Vocab
 
 SYMBOLS, LENGTH = 6, 8
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import harness
-from harness.data import EOS, SEP
+from harness.data.tasks import EOS, SEP
 from harness.errors import ConfigError
 
 # Pins the shipped data FILE (also stated in plugins/tasks/data/README.md): a change to the
@@ -203,7 +203,7 @@ def oracle_models(answers: dict[tuple[int, ...], list[int]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("fmt", ["seq2seq", "lm"])
 def test_g2p_metrics_decode_greedily_in_both_batch_formats(registry, fmt):
-    from harness.data import collate
+    from harness.data.formats import collate
 
     task = g2p(registry, num_val=8)
     examples = list(task.examples("val", 16))

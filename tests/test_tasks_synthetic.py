@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from harness.data import PAD, SEP, collate
+from harness.data.formats import collate
+from harness.data.tasks import PAD, SEP
 from harness.errors import ConfigError
 from harness.params import resolve
 

@@ -58,7 +58,7 @@ from ref_transformer import TransformerLM  # noqa: E402
 
 import harness  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
-from harness.data import FORMATS  # noqa: E402
+from harness.data.formats import FORMATS  # noqa: E402
 from harness.run.plan import plan  # noqa: E402
 
 RESULTS = HERE / "results" / "runs.jsonl"

@@ -4,7 +4,7 @@ Deliberately minimal: AdamW (PyTorch defaults except the learning rate: weight d
 every parameter), a constant learning rate, no warm-up, no schedule, no gradient clipping,
 a fixed batch size and number of steps. The loss is the cross-entropy over the task's scored
 positions (``batch["loss_mask"]``, exactly the positions the harness scores), averaged over
-them. Batches come from ``harness.data.collate`` over the task's own examples, shuffled by a
+them. Batches come from ``harness.data.formats.collate`` over the task's own examples, shuffled by a
 seeded generator, so a reference run and a harness run see the same data.
 
 Evaluation: the validation split at the training length, in batches of the training batch
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from harness.data import collate
+from harness.data.formats import collate
 
 
 def call(model: Any, batch: dict[str, Any], fmt: str) -> torch.Tensor:

@@ -17,7 +17,7 @@ from annotated_types import Ge, Lt
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from harness.data import TaskInfo
+from harness.data.tasks import TaskInfo
 from harness.params import Choice, FloatRange, IntRange
 
 CELLS = ("lstm", "gru")

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from harness import devices
-from harness.data import BatchFormat, Example
+from harness.data.formats import BatchFormat
+from harness.data.tasks import Example
 
 #: The largest share of a GPU's free memory the training split may take on the device.
 DEVICE_SHARE = 0.125

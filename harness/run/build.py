@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.data import Task, TaskInfo
+from harness.data.tasks import Task, TaskInfo
 from harness.errors import ConfigError, HarnessError, PluginError
 from harness.run.plan import Component, ModelParts, Plan
 from harness.threads import worker_threads

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.data import BatchFormat
+from harness.data.formats import BatchFormat
 from harness.run.build import Built
 from harness.run.fit import QUIET, Fitted
 from harness.run.plan import Plan

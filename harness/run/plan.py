@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.config import ComponentConfig, ModelConfig, RunConfig
-from harness.data import BatchFormat, batch_format
+from harness.data.formats import BatchFormat, batch_format
 from harness.errors import (
     ConfigError,
     IncompatibleError,

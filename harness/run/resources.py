@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.data import TaskInfo
+from harness.data.tasks import TaskInfo
 from harness.errors import HarnessError, OutOfMemory
 from harness.run.failure import configuration, is_out_of_memory
 from harness.run.plan import Plan

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from harness.config import TrainConfig
-from harness.data import BatchFormat, Task
+from harness.data.formats import BatchFormat
+from harness.data.tasks import Task
 from harness.errors import HarnessError
 from harness.keys import Metric, val_key
 from harness.run.batches import DeviceBatches, collate_split, fits_on_device, nbytes

@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from harness.data import BOS, EOS, FORMATS, TaskInfo
+from harness.data.formats import FORMATS
+from harness.data.tasks import BOS, EOS, TaskInfo
 from harness.nn.mixer import LayerCache
 from harness.testing.core import Checks, NotApplicable, close
 

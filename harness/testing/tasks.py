@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from harness.data import FORMATS, LM, PAD, SEQ2SEQ
+from harness.data.formats import FORMATS, LM, SEQ2SEQ
+from harness.data.tasks import PAD
 from harness.testing.core import Checks, NotApplicable
 
 #: the keys an example of each task kind has, and the optional ones
@@ -28,7 +29,7 @@ KEYS: dict[str, tuple[set[str], set[str]]] = {
 
 
 class TaskChecks(Checks):
-    """The conformance checks of a task (:class:`harness.data.Task`)."""
+    """The conformance checks of a task (:class:`harness.data.tasks.Task`)."""
 
     kind = "task"
     sizes: ClassVar[dict[str, int]] = {"num_train": 64, "num_val": 16}
@@ -59,7 +60,7 @@ class TaskChecks(Checks):
 
     # -- checks -----------------------------------------------------------------------
     def check_example_format(self) -> None:
-        """Every example has its task kind's keys with lists of ints (see harness.data)."""
+        """Every example has its task kind's keys with lists of ints (see harness.data.formats)."""
         spec, task = self.component(), self.build()
         assert task.task_kind == spec.task_kind, (
             f"the spec says task kind {spec.task_kind!r}, the built task {task.task_kind!r}")

@@ -1,8 +1,4 @@
-"""Tasks and batch formats.
-
-A task is plain Python (no torch at import): it generates or loads examples as lists of
-token ids, deterministically from its seed. The core turns examples into batches in one of
-three formats, fixed by the task kind:
+"""Batch formats: how a task's examples become batches, fixed by the task kind:
 
 ``lm``              ``tokens`` (B, L) model input, ``targets`` (B, L) next tokens,
                     ``loss_mask`` (B, L) scored positions, ``padding_mask`` (B, L).
@@ -30,137 +26,11 @@ A model that takes ``lm`` batches also serves ``seq2seq`` tasks: each example be
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
-from annotated_types import Ge
-
+from harness.data.tasks import BOS, PAD, SEP, Example
 from harness.errors import IncompatibleError
-from harness.params import IntRange
-
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")
-PAD, BOS, EOS, SEP = range(len(SPECIALS))
-
-Example = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """Special tokens first (ids 0-3: pad, bos, eos, sep), then the task's symbols."""
-
-    symbols: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        return len(SPECIALS) + len(self.symbols)
-
-    @property
-    def first_symbol(self) -> int:
-        return len(SPECIALS)
-
-    def token(self, i: int) -> str:
-        return SPECIALS[i] if i < len(SPECIALS) else self.symbols[i - len(SPECIALS)]
-
-    def decode(self, ids: Sequence[int], sep: str = " ") -> str:
-        return sep.join(self.token(int(i)) for i in ids)
-
-
-@dataclass
-class TaskConfig:
-    """Fields every task config has; a task's config subclasses this one."""
-
-    length: Annotated[int, Ge(1), IntRange(4, 4096, log=True)] = 16  # training length
-    eval_lengths: tuple[Annotated[int, Ge(1)], ...] = ()  # evaluated too, each >= length
-    num_train: Annotated[int, Ge(1)] = 10_000  # training examples
-    num_val: Annotated[int, Ge(1)] = 500  # validation (and test) examples per length
-
-    def __post_init__(self) -> None:
-        shorter = sorted({n for n in self.eval_lengths if n < self.length})
-        if shorter:
-            raise ValueError(
-                f"eval_lengths {shorter} are shorter than the training length ({self.length}): "
-                f"evaluation lengths measure how a model extrapolates past the length it was "
-                f"trained at, which is always evaluated. Drop them from eval_lengths, or lower "
-                f"length."
-            )
-
-
-class Task:
-    """Base class of tasks. Subclasses set ``task_kind``, ``vocab`` and implement ``generate``.
-
-    ``length`` is the training length in the task's own unit (symbols to copy, characters
-    of context, ...); ``eval_lengths`` are the lengths evaluated after training (the
-    training length is always included).
-    """
-
-    #: lm, seq2seq, classification or tagging: fixes the examples' form (see the module docs)
-    task_kind: ClassVar[str] = "lm"
-    #: Log perplexity and bits per token (language-modelling tasks).
-    report_perplexity: ClassVar[bool] = False
-
-    def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
-        self.config = config
-        self.seed = seed
-        self.vocab = vocab
-        self.num_classes = num_classes
-        self._cache: dict[tuple[str, int], Sequence[Example]] = {}
-
-    @property
-    def train_length(self) -> int:
-        return self.config.length
-
-    @property
-    def eval_lengths(self) -> tuple[int, ...]:
-        return tuple(sorted({self.config.length, *self.config.eval_lengths}))
-
-    def split_size(self, split: str) -> int:
-        return self.config.num_train if split == "train" else self.config.num_val
-
-    def split_seed(self, split: str, length: int) -> int:
-        """A seed per (task seed, split, length): splits never share a random stream."""
-        return self.seed * 1_000_003 + {"train": 1, "val": 2, "test": 3}[split] * 10_007 + length
-
-    def examples(self, split: str, length: int) -> Sequence[Example]:
-        """The examples of ``split`` ("train", "val" or "test") at ``length`` (cached)."""
-        key = (split, length)
-        if key not in self._cache:
-            self._cache[key] = self.generate(split, length)
-        return self._cache[key]
-
-    def generate(self, split: str, length: int) -> Sequence[Example]:
-        raise NotImplementedError
-
-    def transduction_examples(self, split: str, length: int,
-                              target: Callable[[list[int]], list[int]]) -> list[Example]:
-        """Seq2seq examples of a symbol task (copy, reverse, sort): each source is ``length``
-        symbols drawn uniformly from the vocabulary's symbols, its target ``target(source)``."""
-        rng = random.Random(self.split_seed(split, length))
-        first, n = self.vocab.first_symbol, len(self.vocab.symbols)
-        out = []
-        for _ in range(self.split_size(split)):
-            src = [first + rng.randrange(n) for _ in range(length)]
-            out.append({"src": src, "tgt": target(src)})
-        return out
-
-    def extra_metrics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat) -> dict[str, tuple[float, float]]:
-        """Task-specific metrics on one validation batch, as (sum, count) pairs that are
-        summed over batches. Default: none. (Greedy-decoding metrics such as phoneme error
-        rate go here.)"""
-        return {}
-
-
-@dataclass
-class TaskInfo:
-    """What a model factory learns about the task it will be trained on."""
-
-    format: str  # the name of the batch format the model receives (lm, seq2seq, ...)
-    vocab_size: int
-    max_length: int  # the longest input the model sees at the training length
-    num_classes: int | None = None
-    pad_id: int = PAD
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BatchFormat:
@@ -324,29 +194,6 @@ def as_lm(example: Example) -> Example:
     src, tgt = list(example["src"]), list(example["tgt"])
     tokens = src + [SEP] + tgt
     return {"tokens": tokens, "loss_mask": [i >= len(src) for i in range(len(tokens) - 1)]}
-
-
-def lm_windows(
-    stream: Sequence[int], length: int, count: int | None = None, score_last: int | None = None
-) -> list[Example]:
-    """Language-modelling examples cut from a token stream.
-
-    ``score_last=None``: non-overlapping windows of ``length`` predicted tokens, all scored.
-    ``score_last=k``: windows of ``length`` tokens advancing by ``k``, scoring only their
-    last ``k`` tokens (the "sliding" protocol of Press et al., 2022): every scored token
-    sees at least ``length - k`` tokens of context. ``count`` caps the number of windows.
-    """
-    stride = length if score_last is None else score_last
-    if not 0 < stride <= length:
-        raise ValueError(f"score_last must be in [1, {length}], got {score_last}")
-    out: list[Example] = []
-    start = 0
-    while start + length + 1 <= len(stream) and (count is None or len(out) < count):
-        tokens = list(stream[start: start + length + 1])
-        mask = [True] * length if score_last is None else [i >= length - stride for i in range(length)]
-        out.append({"tokens": tokens, "loss_mask": mask})
-        start += stride
-    return out
 
 
 def collate(examples: Sequence[Example], fmt: BatchFormat | str, task_kind: str) -> dict[str, Any]:
