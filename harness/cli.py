@@ -281,6 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
+    except Exception as exc:
+        from harness.store_guard import explain
+
+        error = explain(exc)  # a store that filled up or broke under the command
+        if error is None:
+            raise
+        print(paragraph(f"harness: error: {error}"), file=sys.stderr)
+        return error.exit_code
     except SystemExit as exc:
         # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which
         # would exit 0: report the termination the way a shell and a scheduler expect.

@@ -13,6 +13,8 @@ Every store the harness opens is therefore opened under :func:`schema_lock`:
 - anything else (an MLflow server over HTTP, which creates its own schema): no lock.
 
 The lock is held only while the store is opened (milliseconds once the schema exists).
+A SQLite store is checked first (:mod:`harness.store_guard`): one that exists but is empty,
+damaged or another program's is refused, never recreated; so is one that cannot be written.
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ def sqlite_file(url: str) -> Path | None:
 @contextlib.contextmanager
 def schema_lock(url: str, store: str) -> Iterator[None]:
     """Hold the lock of ``store`` ("optuna" or "mlflow") on the database at ``url``."""
+    from harness import store_guard
+
     path = sqlite_file(url)
     if path is not None:
+        store_guard.check_writable(path, store)
         with _file_lock(path.with_name(path.name + ".schema-lock")):
+            store_guard.check_sqlite(path, store)  # under the lock: another process may be creating it
             yield
     elif url.startswith("postgresql"):
         with _advisory_lock(url, KEYS[store]):
@@ -55,8 +61,17 @@ def _file_lock(path: Path) -> Iterator[None]:
     except ImportError:  # not a POSIX system: no lock
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    from harness.store_guard import StoreError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise StoreError(f"the lock file {path} next to the store cannot be created "
+                         f"({exc.strerror}); nothing was written. The store's folder must be "
+                         f"writable: make it so, or point HARNESS_HOME (or --storage / "
+                         f"--tracking-uri) at a writable one.") from None
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

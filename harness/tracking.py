@@ -46,13 +46,27 @@ def home() -> Path:
     return cwd / STORE_DIR
 
 
+def ensure_home() -> Path:
+    """:func:`home`, created if missing; a clean error when it cannot be a folder (a file of
+    that name, a read-only parent)."""
+    path = home()
+    if path.exists() and not path.is_dir():
+        raise HarnessError(f"the harness's store folder {path} ($HARNESS_HOME or ./.harness) is a "
+                           f"file, not a folder; nothing was written. Point HARNESS_HOME at a "
+                           f"folder, or move the file aside.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HarnessError(f"the harness's store folder {path} cannot be created ({exc.strerror}); "
+                           f"nothing was written. Point HARNESS_HOME at a writable folder.") from None
+    return path
+
+
 def tracking_uri(explicit: str | None = None) -> str:
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    path = home()
-    path.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path / 'mlflow.db'}"
+    return f"sqlite:///{ensure_home() / 'mlflow.db'}"
 
 
 def without_credentials(uri: str) -> str:

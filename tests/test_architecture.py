@@ -15,7 +15,7 @@ CORE = ROOT / "harness"
 #: (Imports inside functions count too: a lazy import is still a dependency.)
 LAYERS = [
     {"harness.errors", "harness.keys", "harness.params", "harness.hookspecs", "harness.devices",
-     "harness.threads", "harness.masking", "harness.yaml_io", "harness.schema_lock",
+     "harness.threads", "harness.masking", "harness.yaml_io", "harness.schema_lock", "harness.store_guard",
      "harness.children"},
     {"harness.data", "harness.registry", "harness.stats", "harness.plots", "harness.memory"},
     {"harness.nn"},

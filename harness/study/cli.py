@@ -166,6 +166,20 @@ def _study_run(args: argparse.Namespace) -> int:
             print(f"write the report with `harness report {handle.name}{storage}`")
         write_summary(handle)
         print(f"summary on the MLflow parent run; browse with `harness ui --study {handle.name}`")
+    return _exit_code(summary, handle.name, storage)
+
+
+def _exit_code(summary: Any, name: str, storage: str) -> int:
+    """1 when every trial this worker ran failed (a study that cannot produce a result must
+    not look like a success to a script or a scheduler), else 0."""
+    import sys
+
+    failed = summary.jobs.get("FAIL", 0)
+    if failed and failed == sum(summary.jobs.values()):
+        print(f"harness: every trial this worker ran failed ({failed}); their reasons are in "
+              f"`harness study status {name}{storage}` and on the FAILED MLflow runs.",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -145,11 +145,32 @@ class SamplerConfig(Strict):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    classes[self.name](**self.options)
+                    _try_sampler(classes[self.name](**self.options), self.options)
             except Exception as exc:  # TypeError, ValueError, ... from the sampler's checks
                 raise ValueError(f"options are not accepted by the {self.name} sampler: "
                                  f"{type(exc).__name__}: {exc}") from None
         return self
+
+
+def _try_sampler(sampler: Any, options: dict[str, Any]) -> None:
+    """Sample a few trials of a throw-away in-memory study with ``sampler``: an option of the
+    wrong type (``n_startup_trials: x``) passes the constructor and fails only when the sampler
+    first compares it, which must happen here rather than in every trial of the study."""
+    import optuna
+
+    startup = options.get("n_startup_trials", options.get("population_size", 10))
+    trials = (startup if isinstance(startup, int) and 0 <= startup <= 60 else 10) + 2
+    study = optuna.create_study(sampler=sampler)
+
+    def objective(trial: Any) -> float:
+        return trial.suggest_float("x", 0.0, 1.0) + trial.suggest_int("n", 1, 4)
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study.optimize(objective, n_trials=trials, catch=())
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 class PrunerConfig(Strict):

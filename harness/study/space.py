@@ -11,6 +11,7 @@ and parameter-count matching: the width whose model is closest to ``budget.param
 from __future__ import annotations
 
 import copy
+import difflib
 import typing
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -294,6 +295,25 @@ def _same_data(space: StudySpace) -> bool:
     return list(other.examples("train", n)[:16]) == list(space.task.examples("train", n)[:16])
 
 
+#: what every run logs per validation length (harness.run.system.summarize)
+BASE_METRICS = ("loss", "acc", "exact")
+PERPLEXITY_METRICS = ("ppl", "bpc")
+
+
+def logged_metrics(task: Any) -> set[str] | None:
+    """The validation metrics a task's runs log: the harness's own and those the task declares
+    in ``extra_metric_names``; None when the task computes extra metrics without declaring
+    their names (nothing can be checked)."""
+    from harness.data.tasks import Task
+
+    declared = getattr(task, "extra_metric_names", None)
+    if declared is None:
+        if type(task).extra_metrics is not Task.extra_metrics:
+            return None
+        declared = ()
+    return {*BASE_METRICS, *(PERPLEXITY_METRICS if task.report_perplexity else ()), *declared}
+
+
 def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     """Check everything that can be checked before a trial runs: names, fixed values, ranges,
     pairings, task compatibility, the objective's evaluation length, parameter matching."""
@@ -309,6 +329,15 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     for cand in cands:
         _check_plan(space, cand)
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
+    logged = logged_metrics(space.task)
+    if logged is not None and config.objective.metric not in logged:
+        close = difflib.get_close_matches(config.objective.metric, sorted(logged), n=1)
+        raise ConfigError(
+            f"objective.metric: task '{tspec.name}' does not log '{config.objective.metric}'"
+            + (f" (did you mean '{close[0]}'?)" if close else "")
+            + f"; its runs log {', '.join(sorted(logged))} (as val/METRIC). Every trial would "
+            f"fail: nothing was created."
+        )
     length = config.objective.length
     if length is not None and length not in space.eval_lengths:
         raise ConfigError(

@@ -24,7 +24,8 @@ from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.masking import mask_url
-from harness.schema_lock import schema_lock
+from harness.schema_lock import schema_lock, sqlite_file
+from harness.store_guard import check_sqlite
 from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
@@ -59,9 +60,7 @@ def objective_names(space: StudySpace) -> list[str]:
 
 
 def default_storage_url() -> str:
-    path = tracking.home()
-    path.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path / 'optuna.db'}"
+    return f"sqlite:///{tracking.ensure_home() / 'optuna.db'}"
 
 
 #: A storage URL without its password (for messages and tags): :func:`harness.masking.mask_url`.
@@ -92,6 +91,9 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             f"--storage with the URL the study was created in."
         )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    path = sqlite_file(url)
+    if path is not None and read_only:  # a writer checks under the schema lock
+        check_sqlite(path, "optuna")
     try:
         if read_only:
             with _no_schema_versioning():
@@ -101,6 +103,8 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
+    except HarnessError:
+        raise
     except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver
         raise HarnessError(
             f"cannot open the Optuna storage {redact(url)} ({type(exc).__name__}: "

@@ -122,6 +122,8 @@ class G2PTask(Task):
 
     task_kind = "seq2seq"
     config: G2PConfig
+    #: the metrics :meth:`extra_metrics` adds (error rates from greedy decoding (:func:`error_rates`)): a study may optimise them
+    extra_metric_names = ("per", "wer")
 
     def __init__(self, config: G2PConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(GRAPHEMES + phoneme_inventory(config.stress)))

@@ -39,6 +39,8 @@ class ReverseTask(Task):
 
     task_kind = "seq2seq"
     config: ReverseConfig
+    #: the metrics :meth:`extra_metrics` adds (logged when ``decode_eval`` is on): a study may optimise them
+    extra_metric_names = ("greedy_exact",)
 
     def __init__(self, config: ReverseConfig, *, seed: int) -> None:
         symbols = tuple(f"s{i}" for i in range(config.vocab))

@@ -1,0 +1,196 @@
+"""A store that exists is never silently replaced: checks made before a database is opened.
+
+MLflow and Optuna create their schema in any SQLite file that has none, so a store left empty
+(0 bytes, by a crash or a full disk), truncated or overwritten would be recreated without a
+word and the runs and studies it held would be gone. Before the harness opens a SQLite store
+(:func:`harness.schema_lock.schema_lock`, and the read-only opening of ``study status``)
+:func:`check_sqlite` refuses a file that exists but cannot be that store:
+
+- not a regular file, 0 bytes, no SQLite header, shorter than its header says (truncated);
+- unreadable by SQLite, or failing ``PRAGMA quick_check`` (run on files up to
+  :data:`QUICK_CHECK_MAX_BYTES`; larger ones get the header and schema checks only);
+- tables of some other program (an MLflow store given as the Optuna storage, or the reverse).
+
+:func:`check_writable` refuses a read-only store, a folder that is not a folder and a disk
+without room, before anything is written. Each error is one paragraph naming the file, saying
+that nothing was written and how to recover. :func:`explain` turns the same failures raised
+later by SQLite (a disk that filled during a run) into such a paragraph.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+MAGIC = b"SQLite format 3\x00"
+#: the tables that say which store a SQLite file holds (any one of them is enough)
+SIGNATURE = {"mlflow": {"experiments", "runs", "alembic_version"},
+             "optuna": {"studies", "trials", "version_info"}}
+WHAT = {"mlflow": "MLflow tracking store", "optuna": "Optuna study storage"}
+HELD = {"mlflow": "runs", "optuna": "studies"}
+#: quick_check reads every page: about 0.1 s per 10 MB on a laptop disk
+QUICK_CHECK_MAX_BYTES = 64 * 2**20
+#: a store is not opened for writing on a disk with less room than this
+MIN_FREE_BYTES = 4 * 2**20
+
+
+class StoreError(HarnessError):
+    """A store cannot be used as it is; nothing was written to it."""
+
+
+def _recover(path: Path, store: str) -> str:
+    return (f"Nothing was written to it. Restore it from a backup if you have one; otherwise "
+            f"move it aside (`mv {path} {path}.damaged`) and the next command starts a new, "
+            f"empty store (the {HELD[store]} it held are not in it; `sqlite3 {path}.damaged "
+            f".recover` may salvage what is still readable).")
+
+
+def damaged(path: Path, store: str, problem: str) -> StoreError:
+    return StoreError(f"the {WHAT[store]} {path} {problem}, so it was not opened: the harness "
+                      f"never replaces a store that exists. {_recover(path, store)}")
+
+
+def check_sqlite(path: Path, store: str) -> None:
+    """Refuse ``path`` if it exists but is not a readable ``store`` ("mlflow" or "optuna")."""
+    import sqlite3
+    from urllib.parse import quote
+
+    if not os.path.lexists(path):
+        return
+    if not path.is_file():
+        raise StoreError(f"the {WHAT[store]} {path} is not a file (a folder or something else "
+                         f"has its name), so it was not opened and nothing was written. Move it "
+                         f"aside or point the store elsewhere (HARNESS_HOME, --storage, "
+                         f"--tracking-uri).")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            header = fh.read(100)
+    except OSError as exc:
+        raise StoreError(f"the {WHAT[store]} {path} cannot be read ({exc.strerror}); nothing was "
+                         f"written. Check its permissions.") from None
+    if size == 0:
+        raise damaged(path, store, "is empty (0 bytes: a crash or a full disk can leave one)")
+    if len(header) < 100 or not header.startswith(MAGIC):
+        raise damaged(path, store, "is not a SQLite database (it was overwritten or is another "
+                                   "kind of file)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if header[24:28] == header[92:96] and pages and size < pages * page_size:
+        raise damaged(path, store, f"is truncated ({size:,} bytes of the {pages * page_size:,} "
+                                   f"its header records)")
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=60)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if size <= QUICK_CHECK_MAX_BYTES:
+                result = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
+                if result != ["ok"]:
+                    raise damaged(path, store, "is damaged (SQLite's quick_check: "
+                                               f"{'; '.join(str(r)[:80] for r in result)})")
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise damaged(path, store, f"cannot be read by SQLite ({str(exc)[:120]})") from None
+    if tables and not tables & SIGNATURE[store]:
+        other = next((k for k, sig in SIGNATURE.items() if tables & sig), None)
+        kind = f"an {WHAT[other]}" if other else "another program's database"
+        listed = ", ".join(sorted(tables)[:8]) + (" ..." if len(tables) > 8 else "")
+        raise StoreError(f"the {WHAT[store]} {path} holds {kind} (tables: {listed}), so it was "
+                         f"not opened and nothing was written. Give the right file (--storage "
+                         f"for Optuna, --tracking-uri for MLflow).")
+
+
+def check_writable(path: Path, store: str) -> None:
+    """Refuse to open ``path`` for writing where nothing could be written: a parent that is not
+    a folder, a read-only file or folder, a disk without room."""
+    folder = path.parent
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreError(f"the {WHAT[store]} {path} cannot be created: {parent} is a file, "
+                                 f"not a folder. Nothing was written. Point HARNESS_HOME (or "
+                                 f"--storage / --tracking-uri) at a folder.")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"the folder of the {WHAT[store]} {path} cannot be created "
+                         f"({exc.strerror}); nothing was written. Point HARNESS_HOME (or "
+                         f"--storage / --tracking-uri) at a writable folder.") from None
+    for target in (path, folder):
+        if target.exists() and not os.access(target, os.W_OK) or _read_only_mount(target):
+            raise StoreError(f"the {WHAT[store]} {path} is read-only ({target} cannot be "
+                             f"written), so nothing was written. Make it writable (chmod u+w, "
+                             f"or remount), or point HARNESS_HOME (or --storage / --tracking-uri) "
+                             f"at a writable store; `harness study status` and `list` read a "
+                             f"read-only store.")
+    free = _free_bytes(folder)
+    if free is not None and free < MIN_FREE_BYTES:
+        raise StoreError(f"the disk holding the {WHAT[store]} {path} is full ({free:,} bytes "
+                         f"free), so nothing was written. Free some space (or point HARNESS_HOME "
+                         f"at another disk) and run the command again.")
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+# -- failures raised later ------------------------------------------------------------------------
+#: SQLite's and the OS's words for a store that cannot be written or read, and what to do
+_KNOWN = (
+    ("database or disk is full", "the disk holding the store is full: free some space and run "
+                                 "the command again"),
+    ("disk i/o error", "the disk reported an I/O error: check it and the store"),
+    ("database disk image is malformed", "the store is damaged: restore it from a backup, or "
+                                         "move it aside to start a new one"),
+    ("file is not a database", "the store is not a SQLite database: restore it from a backup, or "
+                               "move it aside to start a new one"),
+    ("attempt to write a readonly database", "the store is read-only: make it writable, or "
+                                             "point HARNESS_HOME (or --storage / --tracking-uri) "
+                                             "at a writable store"),
+    ("unable to open database file", "the store's file or folder cannot be opened: check the "
+                                     "path and its permissions"),
+)
+_ERRNOS = {errno.ENOSPC: _KNOWN[0][1], errno.EROFS: _KNOWN[4][1], errno.EDQUOT: _KNOWN[0][1]}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        yield node
+        node = node.__cause__ or node.__context__
+
+
+def explain(exc: BaseException) -> StoreError | None:
+    """A one-paragraph error for an exception (or any exception in its chain) that says a
+    store could not be written or read; None for anything else."""
+    for node in _chain(exc):
+        if isinstance(node, OSError) and node.errno in _ERRNOS:
+            where = f" ({node.filename})" if node.filename else ""
+            return StoreError(f"a store could not be written{where}: {node.strerror}; "
+                              f"{_ERRNOS[node.errno]}. What was recorded before this is kept.")
+        text = str(node).lower()
+        for words, fix in _KNOWN:
+            if words in text:
+                return StoreError(f"a store could not be used (SQLite: {words}); {fix}. What was "
+                                  f"recorded before this is kept.")
+    return None
