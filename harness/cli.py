@@ -66,7 +66,10 @@ def ctrl_c(at_once: str) -> Iterator[None]:
 def paragraph(text: str) -> str:
     """A message as one wrapped paragraph, passwords masked; paths, URLs and names such as
     UTF-8 are never broken at a hyphen or split (copy them from the terminal as they are)."""
-    return textwrap.fill(mask_text(text), width=100, break_on_hyphens=False, break_long_words=False)
+    from harness.errors import MAX_MESSAGE, shorten
+
+    text = shorten(mask_text(text), MAX_MESSAGE)  # a backstop: echoed values are bounded where made
+    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
 
 
 def report_interrupt(exc: Interrupted) -> int:
@@ -134,6 +137,9 @@ def _train(args: argparse.Namespace) -> int:
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
     if args.tracking_uri:  # as given: a URI is not YAML ('#' would start a comment)
         cfg.tracking.uri = args.tracking_uri
+    from harness import tracking
+
+    tracking.preflight(cfg.tracking.uri)  # seconds, before torch is imported
 
     from harness.run.pipeline import train
 

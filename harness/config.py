@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, short_repr
 from harness.yaml_io import parse_value, read_yaml
 
 __all__ = ["read_yaml"]  # re-exported: the study schema reads its files the same way
@@ -185,7 +185,7 @@ class RunConfig(Strict):
     def _plugins_exist(cls, paths: list[str]) -> list[str]:
         for p in paths:
             if not p.endswith(".py"):
-                raise ValueError(f"{p!r} is not a .py file")
+                raise ValueError(f"{_short(p)} is not a .py file")
         return paths
 
 
@@ -277,8 +277,7 @@ def describe_valid(tp: Any, meta: list[Any]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(value, 60)
 
 
 def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel] | None = None,
@@ -328,7 +327,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if not sep or not _KEY.match(key):
             raise ConfigError(
-                f"override {item!r} must look like key.path=value (letters, digits, '_' and '-' "
+                f"override {_short(item)} must look like key.path=value (letters, digits, '_' and '-' "
                 f"between dots), e.g. train.max_steps=200."
             )
         value = parse_value(raw, f"the value of override {key!r}")
@@ -339,7 +338,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: '{'.'.join(parts[: i + 1])}' is not a mapping "
+                raise ConfigError(f"override {_short(item)}: '{'.'.join(parts[: i + 1])}' is not a mapping "
                                   f"(it is {_short(child)}).")
             node = child
         node[parts[-1]] = value

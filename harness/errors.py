@@ -7,6 +7,42 @@ with code 2, without a traceback. Anything else is a bug and keeps its traceback
 
 from __future__ import annotations
 
+from typing import Any
+
+#: the most characters of a user's value an error message echoes, and of a whole message
+MAX_ECHO = 80
+MAX_MESSAGE = 3000
+
+
+def shorten(text: str, limit: int = MAX_ECHO) -> str:
+    """``text`` cut to ``limit`` characters (with the count of what was left out): a YAML bomb
+    or a list of 200,000 keys must not become millions of lines of error."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(limit - 30, 10)]}... ({len(text) - max(limit - 30, 10):,} more characters)"
+
+
+def short_repr(value: Any, limit: int = MAX_ECHO) -> str:
+    """The repr of a user's value for a message, bounded: ``reprlib`` never walks more than a
+    few levels and items, so a YAML bomb (a billion aliased items) costs nothing to show."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, limit, limit, 40
+    r.maxtuple = r.maxlist = r.maxarray = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = 6
+    try:
+        text = r.repr(value)
+    except Exception:  # a repr that raises: its type is enough
+        text = f"<{type(value).__name__}>"
+    return shorten(text, limit)
+
+
+def short_list(items: Any, limit: int = 12) -> str:
+    """Names joined by ', ', at most ``limit`` of them (then how many more)."""
+    items = [str(i) for i in items]
+    more = len(items) - limit
+    return ", ".join(shorten(i) for i in items[:limit]) + (f" and {more:,} more" if more > 0 else "")
+
 
 class HarnessError(Exception):
     """An error the user can fix; its message says what is wrong and how to fix it."""

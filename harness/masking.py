@@ -13,9 +13,11 @@ import re
 
 MASK = "***"
 
-#: ``scheme://user:password@`` (the password is everything up to the last '@' of the
-#: authority, so a password containing '@' or ':' is masked whole).
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<secret>[^\s/]*)@(?=[^\s@/]*(?:[/?#\s]|$))")
+#: ``scheme://user:password@host`` (the password is everything up to the last '@' that is
+#: followed by a host, so a password containing '@', ':' or a raw '/' (which SQLAlchemy
+#: accepts) is masked whole; where the split is ambiguous more is masked, never less).
+_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<secret>[^\s]*)@"
+                       r"(?=[^\s@/]*(?:[/?#\s]|$))")
 #: ``?password=...``, ``&token=...`` and the like in query strings and free text.
 _QUERY = re.compile(r"(?P<head>[?&;\s](?:password|passwd|pwd|token|secret|api_key|apikey|"
                     r"access_token|key)=)(?P<secret>[^&\s#]+)", re.IGNORECASE)
@@ -39,6 +41,11 @@ def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
     ``MLFLOW_TRACKING_PASSWORD`` instead, MLflow's documented way."""
     from urllib.parse import unquote, urlsplit, urlunsplit
 
+    m = _USERINFO.match(uri)
+    if m and m["head"].lower().startswith(("http://", "https://")):  # a raw '/' in the password
+        user = m["head"].split("://", 1)[1][:-1]
+        return (m["head"].split("://", 1)[0] + "://" + uri[m.end():], unquote(user) or None,
+                unquote(m["secret"]) or None)
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
         return uri, None, None

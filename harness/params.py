@@ -33,7 +33,7 @@ from typing import Any
 
 import annotated_types
 
-from harness.errors import ConfigError, PluginError
+from harness.errors import ConfigError, PluginError, short_list, short_repr, shorten
 
 
 @dataclass(frozen=True)
@@ -231,15 +231,15 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
         raise unknown_params_error(unknown, list(declared), where)
     for name, value in values.items():
         if isinstance(value, bool) and declared[name].numeric:
-            raise ConfigError(f"{where}.{name}: expects a number, not a boolean (got {value!r}).")
+            raise ConfigError(f"{where}.{name}: expects a number, not a boolean (got {value}).")
     try:
         return _validator(config).validate_python(values)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{where}.{loc}: {err['msg']} (got {err.get('input')!r}).") from None
+        raise ConfigError(f"{where}.{loc}: {shorten(err['msg'])} (got {short_repr(err.get('input'))}).") from None
     except (TypeError, ValueError, ArithmeticError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {shorten(str(exc), 300)}") from None
 
 
 @functools.cache
@@ -257,12 +257,13 @@ def unknown_params_error(unknown: list[str], known: list[str], where: str) -> Co
     import difflib
 
     hints = []
-    for key in unknown:
+    for key in unknown[:5]:  # the rest are counted, not listed
         close = difflib.get_close_matches(key, known, n=1)
-        hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        hints.append(f"'{shorten(str(key))}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    more = f" and {len(unknown) - 5:,} more" if len(unknown) > 5 else ""
     return ConfigError(
-        f"{where}: unknown parameter {', '.join(hints)}. "
-        f"Known parameters: {', '.join(known) or 'none'}."
+        f"{where}: unknown parameter {', '.join(hints)}{more}. "
+        f"Known parameters: {short_list(known, 40) or 'none'}."
     )
 
 

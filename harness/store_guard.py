@@ -123,8 +123,24 @@ def check_writable(path: Path, store: str) -> None:
         raise StoreError(f"the folder of the {WHAT[store]} {path} cannot be created "
                          f"({exc.strerror}); nothing was written. Point HARNESS_HOME (or "
                          f"--storage / --tracking-uri) at a writable folder.") from None
+    probe = path.with_name(path.name + ".schema-lock")  # the lock file the store is opened under
+    try:
+        open(probe, "a").close()  # noqa: SIM115
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StoreError(f"the disk holding the {WHAT[store]} {path} is full, so nothing was "
+                             f"written. Free some space (or point HARNESS_HOME at another disk) "
+                             f"and run the command again.") from None
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise StoreError(f"the {WHAT[store]} {path} cannot be used: {probe} cannot be created "
+                             f"({exc.strerror}); nothing was written. Point HARNESS_HOME (or "
+                             f"--storage / --tracking-uri) at a folder on an ordinary, writable "
+                             f"disk.") from None
+        read_only = True
+    else:
+        read_only = False
     for target in (path, folder):
-        if target.exists() and not os.access(target, os.W_OK) or _read_only_mount(target):
+        if read_only or target.exists() and not os.access(target, os.W_OK) or _read_only_mount(target):
             raise StoreError(f"the {WHAT[store]} {path} is read-only ({target} cannot be "
                              f"written), so nothing was written. Make it writable (chmod u+w, "
                              f"or remount), or point HARNESS_HOME (or --storage / --tracking-uri) "

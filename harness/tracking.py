@@ -69,6 +69,78 @@ def tracking_uri(explicit: str | None = None) -> str:
     return f"sqlite:///{ensure_home() / 'mlflow.db'}"
 
 
+#: URI schemes MLflow keeps runs in (a bare path is a file store); ``+driver`` suffixes allowed
+SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
+#: how long a tracking server has to accept a connection before a command gives up
+PROBE_TIMEOUT_S = 5.0
+
+
+def preflight(uri: str | None) -> str:
+    """Fail within seconds, before anything is built or recorded, where the tracking store
+    cannot be used: a scheme MLflow has no store for, a SQLite store that exists but is damaged
+    or cannot be written (:mod:`harness.store_guard`), a file store in a folder that cannot be
+    made, a server that does not accept connections (instead of MLflow's minutes of HTTP
+    retries). Returns the URI, credentials moved out (:func:`without_credentials`)."""
+    from urllib.parse import urlsplit
+
+    from harness.schema_lock import sqlite_file
+    from harness.store_guard import check_sqlite, check_writable
+
+    uri = without_credentials(tracking_uri(uri))
+    shown = bounded(mask_url(uri))
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri or uri.startswith(
+        ("sqlite:", "file:")) else ""
+    if scheme and scheme not in SCHEMES:
+        raise ConfigError(f"tracking URI {shown}: MLflow keeps no runs in a '{scheme}:' store. Use "
+                          f"sqlite:///PATH.db, postgresql://HOST/DB, http(s)://SERVER or "
+                          f"file:///FOLDER (--tracking-uri, tracking.uri or MLFLOW_TRACKING_URI).")
+    path = sqlite_file(uri)
+    if path is not None:
+        check_writable(path, "mlflow")
+        check_sqlite(path, "mlflow")  # again under the schema lock when it is opened
+    elif scheme == "sqlite":
+        raise ConfigError(f"tracking URI {shown}: a SQLite store needs a file path "
+                          f"(sqlite:///relative.db or sqlite:////absolute/path.db).")
+    elif scheme in ("file", ""):
+        folder = Path(urlsplit(uri).path if scheme else uri)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            writable = os.access(folder, os.W_OK) and folder.is_dir()
+        except OSError:
+            writable = False
+        if not writable:
+            raise ConfigError(f"tracking URI {shown}: the folder {folder} cannot be created or "
+                              f"written; nothing was recorded. Give a writable folder.")
+    elif scheme in ("http", "https"):
+        probe_server(uri)
+    return uri
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """A TCP connection to an MLflow server's host and port, or a one-paragraph error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname or ""
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    raise HarnessError(f"cannot reach the MLflow tracking server {bounded(mask_url(uri))} "
+                       f"({reason}, within {timeout_s:g} s); nothing was recorded. Start the "
+                       f"server (or `harness ui`), or check --tracking-uri / MLFLOW_TRACKING_URI.")
+
+
+def bounded(text: str, limit: int = 200) -> str:
+    """A value echoed in a message, cut to ``limit`` characters."""
+    from harness.errors import shorten
+
+    return shorten(text, limit)
+
+
 def without_credentials(uri: str) -> str:
     """An HTTP(S) URI's ``user:password@`` moved into MLflow's credential variables for this
     process (and the processes it starts), so that the URI the harness uses, prints and
@@ -140,6 +212,10 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+#: tracking servers this process has reached (each is probed once)
+_reachable: set[str] = set()
+
+
 class Tracker:
     """A thin layer over ``MlflowClient`` (no global active-run state)."""
 
@@ -155,6 +231,9 @@ class Tracker:
 
             from harness.schema_lock import schema_lock
 
+            if self.uri.startswith(("http://", "https://")) and self.uri not in _reachable:
+                probe_server(self.uri)  # seconds, not MLflow's minutes of retries
+                _reachable.add(self.uri)
             with schema_lock(self.uri, "mlflow"):  # an empty database gets its schema once
                 self._client = MlflowClient(tracking_uri=self.uri)
         return self._client

@@ -164,16 +164,25 @@ def _cmdline(pid: int) -> str:
 
 
 # -- harness ui -----------------------------------------------------------------------------------
-def server_command(uri: str, port: int, quiet: bool) -> list[str]:
-    from harness import tracking
-
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-           "--registry-store-uri", uri, "--host", HOST, "--port", str(port), "--workers", "1"]
-    if uri.startswith("sqlite:"):
-        cmd += ["--default-artifact-root", tracking.artifact_root().as_uri()]
+def server_command(port: int, quiet: bool) -> list[str]:
+    """The ``mlflow server`` line: no store URI on it (see :func:`server_env`)."""
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(port),
+           "--workers", "1"]
     if quiet:
         cmd += ["--uvicorn-opts", "--log-level warning"]
     return cmd
+
+
+def server_env(uri: str) -> dict[str, str]:
+    """The server's stores, through the variables ``mlflow server`` reads for its options: a
+    database URI may hold a password, and a process's command line is readable by every local
+    user (``/proc/PID/cmdline``); its environment is not."""
+    from harness import tracking
+
+    env = {"MLFLOW_BACKEND_STORE_URI": uri, "MLFLOW_REGISTRY_STORE_URI": uri}
+    if uri.startswith("sqlite:"):
+        env["MLFLOW_DEFAULT_ARTIFACT_ROOT"] = tracking.artifact_root().as_uri()
+    return env
 
 
 class _Stop(Exception):
@@ -198,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         raise busy_port_error(args.port)
     base = f"http://{HOST}:{args.port}"
     print(f"starting the MLflow UI on {base} over {_redact(uri)} ...", flush=True)
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **server_env(uri))
     # quiet (no --verbose): the server's start-up chatter goes to a log file
     log = tracking.home() / "logs" / "mlflow-ui.log" if args.quiet else None
     if log is not None:
@@ -206,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "harness.ui", "--supervise", str(os.getpid()), "--",
-             *server_command(uri, args.port, args.quiet)],
+             *server_command(args.port, args.quiet)],
             env=env, start_new_session=True, stdout=out, stderr=out)
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 

@@ -60,10 +60,25 @@ StrictLoader.yaml_implicit_resolvers = {
 StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
+#: a config is a few kilobytes: larger text, or data that expands (through YAML aliases) to
+#: more values than this, is refused before it is parsed or validated (a YAML bomb expands to
+#: billions of values; 200,000 keys take the parser tens of seconds)
+MAX_TEXT_BYTES = 256 * 1024
+MAX_VALUES = 100_000
+
+
 def parse_yaml(text: str, source: str) -> Any:
     """The data of a YAML document; a :class:`ConfigError` naming ``source`` otherwise."""
+    if len(text) > MAX_TEXT_BYTES:
+        raise ConfigError(f"{source} is {len(text):,} characters long; a config is at most "
+                          f"{MAX_TEXT_BYTES:,} (is it the right file?).")
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506  (a SafeLoader subclass)
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506  (a SafeLoader subclass)
+        if _expands_beyond(data, MAX_VALUES):
+            raise ConfigError(f"{source} expands to more than {MAX_VALUES:,} values (YAML aliases "
+                              f"repeat a value each time they are used: an alias bomb?); a config "
+                              f"is far smaller. Write the values out, or shorten the lists.")
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -71,6 +86,25 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source} is not valid YAML{where}: {problem}.") from None
     except RecursionError:
         raise ConfigError(f"{source} is nested too deeply to be a config.") from None
+
+
+def _expands_beyond(data: Any, budget: int) -> bool:
+    """Whether ``data`` holds more than ``budget`` values once aliases are expanded (counted
+    without expanding them: a shared list counts each time it is reached, and the walk stops
+    as soon as the budget is spent)."""
+    left = budget
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        left -= 1
+        if left < 0:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def read_text(path: str | os.PathLike[str], what: str = "config file") -> str:

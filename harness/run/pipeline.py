@@ -90,6 +90,8 @@ def train(
     """
     started = time.perf_counter()
     cfg = as_config(config)
+    if parent_run_id is None:  # a study checked its store once, before its first trial
+        tracking.preflight(cfg.tracking.uri)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
     device = run_device(cfg.train.accelerator)

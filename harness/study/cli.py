@@ -46,7 +46,13 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     create or resume the study."""
     from harness.study.schema import load_study_config
 
+    import os
+
+    from harness import tracking
+
     cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
+    if args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):  # fail in seconds, before torch
+        tracking.preflight(args.tracking_uri)
     if cfg.profile:
         print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     _say(f"study '{cfg.name}': checking {len(cfg.candidates)} candidate(s) against the "
@@ -55,10 +61,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
 
     space = validate(cfg, load_registry(cfg))
     _warn_seeds(cfg)
-    from harness.study.storage import create_or_resume, default_storage_url, open_storage, redact
+    from harness.study.storage import create_or_resume, open_storage, redact, storage_url
 
     _quiet(workers=True)
-    url = args.storage or default_storage_url()
+    url = storage_url(args.storage)
     _say(f"study '{cfg.name}': opening the Optuna storage {redact(url)} and the MLflow store ...")
     r = cfg.resume
     storage = open_storage(url, r.heartbeat_s, r.grace_s, r.max_retry)
@@ -140,14 +146,15 @@ def _study_run(args: argparse.Namespace) -> int:
           f"tuning trials + {cfg.confirm.seeds} confirmation seeds); MLflow parent run "
           f"{handle.parent_run_id}; browse with `harness ui --study {handle.name}`", flush=True)
     metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "")
-    from harness.study.spawn import extra_workers, log_path, worker_command
+    from harness.study.spawn import extra_workers, log_path, worker_command, worker_env
 
     extra = args.workers - 1
-    command = worker_command(args.file, handle.name, cfg.profile, args.set, args.storage, args.tracking_uri)
+    command = worker_command(args.file, handle.name, cfg.profile, args.set)
+    env = worker_env(handle.storage_url, args.tracking_uri)
     if extra:
         print(f"starting {extra} more worker(s) on this machine (logs: "
               f"{log_path(handle.name, 1).parent}/{handle.name}-worker-N.log)", flush=True)
-    with extra_workers(extra, command, handle.name), StudyDisplay(metric=metric) as display:
+    with extra_workers(extra, command, handle.name, env=env), StudyDisplay(metric=metric) as display:
         summary = run_worker(handle, space, display)
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")
@@ -190,19 +197,19 @@ def _masked(url: str) -> str:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from harness.study.storage import default_storage_url, open_storage, open_study
+    from harness.study.storage import open_storage, open_study, storage_url
 
     _quiet()
-    url = args.storage or default_storage_url()
+    url = storage_url(args.storage)
     storage = open_storage(url, must_exist=True)
     return open_study(args.study, storage, url, args.tracking_uri)
 
 
 def _open_read_only(args: argparse.Namespace, name: str | None) -> tuple[Any, str]:
     """The storage opened read-only (and the study, when ``name``): no MLflow, no writes."""
-    from harness.study.storage import default_storage_url, open_storage, open_study
+    from harness.study.storage import open_storage, open_study, storage_url
 
-    url = args.storage or default_storage_url()
+    url = storage_url(args.storage)
     storage = open_storage(url, read_only=True)
     if name is None:
         return storage, url

@@ -27,20 +27,29 @@ from pathlib import Path
 from harness import tracking
 
 
-def worker_command(file: str, study: str, profile: str | None, sets: list[str],
-                   storage: str | None, tracking_uri: str | None) -> list[str]:
-    """The ``harness study run`` line of an extra worker: the same study, profile and stores
-    as the command that starts it, no report."""
+def worker_command(file: str, study: str, profile: str | None, sets: list[str]) -> list[str]:
+    """The ``harness study run`` line of an extra worker: the same study, profile and
+    overrides as the command that starts it, no report. The stores are not on it (a URL may
+    hold a password, and every local user can read a command line): see :func:`worker_env`."""
     cmd = [sys.executable, "-m", "harness.cli", "study", "run", file, "--study-name", study]
     if profile:
         cmd += ["--profile", profile]
     for item in sets:
         cmd += ["--set", item]
-    if storage:
-        cmd += ["--storage", storage]
-    if tracking_uri:
-        cmd += ["--tracking-uri", tracking_uri]
     return cmd
+
+
+def worker_env(storage: str | None, tracking_uri: str | None) -> dict[str, str]:
+    """The stores of an extra worker, as variables (its environment is private to the user):
+    ``HARNESS_STORAGE`` (read like ``--storage``) and ``MLFLOW_TRACKING_URI``."""
+    from harness.study.storage import ENV_STORAGE
+
+    env = {}
+    if storage:
+        env[ENV_STORAGE] = storage
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    return env
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -54,11 +63,12 @@ def log_path(study: str, index: int) -> Path:
 
 
 @contextlib.contextmanager
-def extra_workers(count: int, command: list[str], study: str, grace_s: float = 30.0
-                  ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start ``count`` workers running ``command``; on leaving, wait for them when they are
-    finishing (the study is complete) or stop them (anything else)."""
-    env = dict(os.environ, HARNESS_HOME=str(tracking.home()))
+def extra_workers(count: int, command: list[str], study: str, grace_s: float = 30.0,
+                  env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start ``count`` workers running ``command`` (with ``env`` added to this process's
+    environment); on leaving, wait for them when they are finishing (the study is complete)
+    or stop them (anything else)."""
+    env = dict(os.environ, HARNESS_HOME=str(tracking.home()), **(env or {}))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(1, count + 1):

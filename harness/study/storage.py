@@ -59,6 +59,15 @@ def objective_names(space: StudySpace) -> list[str]:
     return names
 
 
+#: the Optuna storage URL when no --storage is given (a password kept off command lines)
+ENV_STORAGE = "HARNESS_STORAGE"
+
+
+def storage_url(explicit: str | None = None) -> str:
+    """``--storage``, else ``$HARNESS_STORAGE``, else SQLite in the project's store."""
+    return explicit or os.environ.get(ENV_STORAGE) or default_storage_url()
+
+
 def default_storage_url() -> str:
     return f"sqlite:///{tracking.ensure_home() / 'optuna.db'}"
 
@@ -84,7 +93,7 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
     schema check or creation, and a SQLite file opened read-only (for status and listings)."""
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
-    url = url or default_storage_url()
+    url = url or storage_url()
     if (must_exist or read_only) and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise HarnessError(
             f"there is no study storage at {url}. Run `harness study run FILE` first, or pass "
