@@ -216,6 +216,46 @@ def check_defaults(config: type, owner: str) -> None:
         raise PluginError(f"{owner}: the default config is invalid: {exc}") from exc
 
 
+#: The largest magnitude of a number whose parameter declares no upper bound (``Le``/``Lt``):
+#: a size, count or scale beyond it is a typo (``1e30``) that would hang or overflow the run,
+#: never a setting. A parameter that needs more declares its own bound.
+MAX_INT = 2**31 - 1
+MAX_FLOAT = 1e12
+
+
+def _beyond_any_size(p: Param, value: Any) -> str | None:
+    """Why ``value`` of an unbounded-above numeric parameter is refused; None if it is not."""
+    kind = _number_type(p.type)
+    if kind is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if any(getattr(b, "le", None) is not None or getattr(b, "lt", None) is not None for b in p.bounds):
+        return None
+    limit = MAX_INT if kind is int else MAX_FLOAT
+    if abs(value) <= limit:
+        return None
+    return (f"{short_repr(value, 40)} is beyond any sensible value of this parameter (at most {limit:,g} in "
+            f"magnitude); a size like this cannot be built or trained")
+
+
+def enumerated(p: Param) -> bool:
+    """Whether a parameter's :class:`Choice` lists every value it can take: a choice of
+    strings or booleans names the branches the code has (``norm: pre | post``), so a value
+    outside it is an error, not a setting the code silently treats as one of them. A choice
+    of numbers is a search space like a range (a config may fix any number in the bounds)."""
+    return isinstance(p.range, Choice) and not p.numeric
+
+
+def _not_a_choice(p: Param, value: Any) -> str | None:
+    if not enumerated(p) or p.range is None or p.range.contains(value):
+        return None
+    import difflib
+
+    assert isinstance(p.range, Choice)
+    close = difflib.get_close_matches(str(value), [str(o) for o in p.range.options], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{short_repr(value)} is not {p.range.describe()}{hint}"
+
+
 def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     """Build a config instance from user values, with errors that name the field.
 
@@ -232,6 +272,9 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     for name, value in values.items():
         if isinstance(value, bool) and declared[name].numeric:
             raise ConfigError(f"{where}.{name}: expects a number, not a boolean (got {value}).")
+        why = _beyond_any_size(declared[name], value) or _not_a_choice(declared[name], value)
+        if why:
+            raise ConfigError(f"{where}.{name}: {why}.")
     try:
         return _validator(config).validate_python(values)
     except ValidationError as exc:

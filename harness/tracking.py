@@ -245,13 +245,14 @@ class Tracker:
             exp = self.client.get_experiment_by_name(name)
         except MlflowException as exc:
             raise HarnessError(
-                f"cannot reach the MLflow tracking store at {mask_url(self.uri)}: {exc.message}. Check "
+                f"cannot reach the MLflow tracking store at {bounded(mask_url(self.uri))}: "
+                f"{bounded(str(exc.message).strip().splitlines()[0] if str(exc.message).strip() else '', 300)}. Check "
                 f"--tracking-uri / MLFLOW_TRACKING_URI, or start the server."
             ) from None
         except Exception as exc:  # connection errors from requests/sqlalchemy
             raise HarnessError(
-                f"cannot reach the MLflow tracking store at {mask_url(self.uri)} ({type(exc).__name__}: "
-                f"{exc}). Check --tracking-uri / MLFLOW_TRACKING_URI, or start the server."
+                f"cannot reach the MLflow tracking store at {bounded(mask_url(self.uri))} ({type(exc).__name__}: "
+                f"{bounded(str(exc), 300)}). Check --tracking-uri / MLFLOW_TRACKING_URI, or start the server."
             ) from None
         if exp is not None:
             if exp.lifecycle_stage == "deleted":

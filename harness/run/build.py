@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.data.tasks import Task, TaskInfo
-from harness.errors import ConfigError, HarnessError, PluginError
+from harness.errors import ConfigError, HarnessError, PluginError, shorten
 from harness.run.plan import Component, ModelParts, Plan
 from harness.threads import worker_threads
 
@@ -48,7 +48,9 @@ def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
 
 
 def _user_error(what: str, exc: Exception) -> HarnessError:
-    return ConfigError(f"{what} could not be built: {str(exc).rstrip('.')}. Check its params.")
+    """The first line of the exception only (torch's C++ errors carry a backtrace), bounded."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ConfigError(f"{what} could not be built: {shorten(first, 300).rstrip('.')}. Check its params.")
 
 
 def build_task(p: Plan, seed: int) -> Task:

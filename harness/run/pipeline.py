@@ -29,7 +29,7 @@ from harness.run import failure
 from harness.run.build import build, build_model
 from harness.run.plan import Plan, plan
 from harness.run.record import default_run_name, ending, provenance_tags, record, run_metrics
-from harness.run.resources import check_memory
+from harness.run.resources import check_data, check_memory
 
 
 @dataclass
@@ -101,11 +101,14 @@ def train(
 
 def _build(p: Plan, device: Any) -> Any:
     """The task and the model, after the memory check; a plugin's exception named."""
+    check_data(p)
     try:
         return build(p, check=lambda info: check_memory(p, info, device, build_model))
-    except HarnessError:
+    except (HarnessError, Interrupted):
         raise
-    except Exception as exc:
+    except BaseException as exc:
+        if not isinstance(exc, Exception) and not failure.raised_by_plugin(exc, p):
+            raise  # a real interrupt or exit, not a plugin's
         error = failure.build_error(exc, p) or failure.describe(exc, p, "building it")
     failure.release_memory(device)
     raise error
@@ -151,11 +154,13 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         not_applicable = evaluation.not_applicable
         status = "FINISHED"
     except BaseException as exc:
-        status, tags = ending(exc)
+        by_plugin = failure.raised_by_plugin(exc, p)  # a plugin's SystemExit is no interrupt
+        status, tags = ("FAILED", {}) if by_plugin else ending(exc)
         if isinstance(exc, Interrupted):
             exc.kept = (f"MLflow run {run_id}, ended KILLED (tag {Tag.INTERRUPTED}=true) with "
                         f"what it logged while {stage}")
-        elif isinstance(exc, Exception) and not isinstance(exc, HarnessError) and status == "FAILED":
+        elif by_plugin or (isinstance(exc, Exception) and not isinstance(exc, HarnessError)
+                           and status == "FAILED"):
             error = failure.describe(exc, p, stage, run_id)
             tags[Tag.FAILURE] = str(error)
         tracker.set_tags(run_id, tags)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import devices, tracking
+from harness.errors import shorten
 from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, val_key
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
@@ -66,7 +67,7 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
         return "KILLED", {Tag.PRUNED: "true"}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "KILLED", {Tag.INTERRUPTED: "true"}
-    return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
+    return "FAILED", {Tag.FAILURE: shorten(f"{type(exc).__name__}: {exc}", 2000)}
 
 
 def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict[str, float],

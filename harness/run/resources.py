@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.data.tasks import TaskInfo
-from harness.errors import HarnessError, OutOfMemory
+from harness.errors import HarnessError, OutOfMemory, shorten
 from harness.run.failure import configuration, is_out_of_memory
 from harness.run.plan import Plan
 
@@ -83,7 +83,7 @@ def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], An
             model = build_model(p, info)
     except (MemoryError, OverflowError) as exc:  # the plugin allocated host memory itself
         raise OutOfMemory(f"the model cannot be built with {configuration(p)}: {type(exc).__name__} "
-                          f"({exc}). Nothing was trained or recorded. Lower the model's size.") from None
+                          f"({shorten(str(exc), 300)}). Nothing was trained or recorded. Lower the model's size.") from None
     except HarnessError:
         return None  # a config error: the real build reports it
     except Exception as exc:  # a plugin that needs real tensors to build (not meta-safe)
@@ -99,6 +99,40 @@ def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], An
     length = 1 if info.format in ("classification", "seq2seq") else info.max_length
     logits = 2 * 4 * p.config.train.batch_size * length * width
     return Estimate(params, state, logits)
+
+
+#: bytes a generated example holds per token, at least (one 8-byte list slot; the int objects
+#: of small token ids are shared)
+TOKEN_BYTES = 8
+
+
+def data_tokens(p: Plan) -> int | None:
+    """A lower bound of the tokens a task's data holds, from the sizes every task config has
+    (``num_train`` examples at ``length``, ``num_val`` validation examples at each evaluation
+    length); None for a config without them."""
+    c = p.task.params
+    try:
+        length, num_train, num_val = int(c.length), int(c.num_train), int(c.num_val)
+        lengths = {length, *(int(n) for n in getattr(c, "eval_lengths", ()) or ())}
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return num_train * length + num_val * sum(lengths)
+
+
+def check_data(p: Plan) -> None:
+    """Raise :class:`OutOfMemory` before the task generates its data if that data alone cannot
+    fit in RAM (``task.params.length=1000000000`` would otherwise run for hours, silently)."""
+    tokens = data_tokens(p)
+    room = available_bytes("cpu")
+    if tokens is None or room is None or tokens * TOKEN_BYTES <= room:
+        return
+    c = p.task.params
+    raise OutOfMemory(
+        f"task '{p.task.name}' would hold at least {tokens:,} tokens of data ({tokens * TOKEN_BYTES / GiB:,.1f} "
+        f"GiB) but {room / GiB:,.1f} GiB of RAM is available (task.params.num_train={c.num_train}, "
+        f"length={c.length}, num_val={c.num_val}, eval_lengths={list(getattr(c, 'eval_lengths', ()))[:8]}). "
+        f"Nothing was generated, trained or recorded. Lower them."
+    )
 
 
 def check_memory(p: Plan, info: TaskInfo, device: Any,

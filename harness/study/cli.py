@@ -44,11 +44,10 @@ def _quiet(workers: bool = False) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load and validate the study file (before anything is created), open the storage and
     create or resume the study."""
-    from harness.study.schema import load_study_config
-
     import os
 
     from harness import tracking
+    from harness.study.schema import load_study_config
 
     cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
     if args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):  # fail in seconds, before torch

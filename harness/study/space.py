@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.config import TrainConfig, format_validation_error
-from harness.errors import ConfigError, HarnessError, PluginError
+from harness.errors import ConfigError, HarnessError, PluginError, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry import Registry
 from harness.study.candidates import (
@@ -171,7 +171,8 @@ class StudySpace:
         try:
             return spec.build(params, seed=self.config.data_seed)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"task '{spec.name}' could not be built: {exc}. Check task.params.") from None
+            raise ConfigError(f"task '{spec.name}' could not be built: {shorten(str(exc), 300)}. Check "
+                              f"task.params.") from None
 
     def base_run_config(self, cand: CandidateSpace) -> dict[str, Any]:
         """Task and model of a candidate: its fixed values and the first option of each

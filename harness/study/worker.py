@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.errors import ConfigError, HarnessError, RunFailed
+from harness.errors import ConfigError, HarnessError, RunFailed, shorten
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.study.candidates import CandidateSpace
 from harness.study.counts import cache_trial, slot_progress
@@ -183,6 +183,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
         except Exception as exc:
             # A RunFailed already names the plugin, the stage and the frame.
             reason = str(exc) if isinstance(exc, RunFailed) else f"{type(exc).__name__}: {exc}"
+            reason = shorten(reason, 2000)
             _fail(handle, study, trial, key, tags, reason)
             log(f"{label} FAILED: {reason}")
             return "FAIL"
