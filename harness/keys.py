@@ -32,6 +32,7 @@ class Tag:
     PRUNED = "harness.pruned"  # KILLED by the pruner
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
+    WARNINGS = "harness.warnings"  # legal but meaningless settings (harness.run.sanity)
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

@@ -233,8 +233,10 @@ def _beyond_any_size(p: Param, value: Any) -> str | None:
     limit = MAX_INT if kind is int else MAX_FLOAT
     if abs(value) <= limit:
         return None
-    return (f"{short_repr(value, 40)} is beyond any sensible value of this parameter (at most {limit:,g} in "
-            f"magnitude); a size like this cannot be built or trained")
+    shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+    return (f"{short_repr(value, 40)} is beyond any sensible value of this parameter (at most "
+            f"{shown} in magnitude; it declares no upper bound of its own): a size like this "
+            f"cannot be built or trained")
 
 
 def enumerated(p: Param) -> bool:

@@ -12,6 +12,7 @@ reason in the ``harness.failure`` tag) or KILLED (pruned or interrupted) — nev
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from harness.run.build import build, build_model
 from harness.run.plan import Plan, plan
 from harness.run.record import default_run_name, ending, provenance_tags, record, run_metrics
 from harness.run.resources import check_data, check_memory
+from harness.run.sanity import meaningless
 
 
 @dataclass
@@ -94,6 +96,11 @@ def train(
         tracking.preflight(cfg.tracking.uri)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
+    warned = meaningless(p)
+    for text in warned if parent_run_id is None else ():  # a study says them once, at creation
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+    if warned:
+        extra_tags = {**(extra_tags or {}), Tag.WARNINGS: "; ".join(warned)}
     device = run_device(cfg.train.accelerator)
     return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
                 started)

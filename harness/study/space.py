@@ -280,10 +280,15 @@ def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
         if width is not None:
             run["model"]["params"][str(cand.width_param)] = width
         try:
-            plan(parse_run_config(run), space.registry)
-            return
+            resolved = plan(parse_run_config(run), space.registry)
         except HarnessError as exc:
             first_error = first_error or exc
+            continue
+        from harness.run.sanity import meaningless
+
+        space.notes += [f"warning: candidate {cand.name}: {text}" for text in meaningless(resolved)
+                        if f"warning: candidate {cand.name}: {text}" not in space.notes]
+        return
     raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {first_error}") from None
 
 

@@ -68,6 +68,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     AttentionSpec,
     Ge,
     IntRange,
+    Le,
     RunningSumAttention,
     causal_block,
     hookimpl,
@@ -86,7 +87,7 @@ FLOOR = -1e30
 @dataclass
 class PerformerConfig(AttentionConfig):
     #: random features m per layer (the paper's m; d·ln d is its theoretical minimum)
-    features: Annotated[int, Ge(1), IntRange(16, 256, log=True)] = 64
+    features: Annotated[int, Ge(1), Le(65536), IntRange(16, 256, log=True)] = 64
     #: training forward passes between feature redraws (0: fixed features)
     redraw_every: Annotated[int, Ge(0)] = 1000
     #: block length of the causal prefix sums (speed only, same result)

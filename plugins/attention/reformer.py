@@ -76,6 +76,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     Complexity,
     Ge,
     IntRange,
+    Le,
     allowed_mask,
     hookimpl,
     masked_softmax,
@@ -92,9 +93,9 @@ WHY_NOT_BIAS = (
 @dataclass
 class ReformerConfig(AttentionConfig):
     #: buckets per hashing round (1 or even: h(x) = argmax([xR; -xR]))
-    n_buckets: Annotated[int, Ge(1), Choice((4, 8, 16, 32))] = 8
+    n_buckets: Annotated[int, Ge(1), Le(4096), Choice((4, 8, 16, 32))] = 8
     #: hashing rounds
-    n_hashes: Annotated[int, Ge(1), IntRange(1, 8)] = 2
+    n_hashes: Annotated[int, Ge(1), Le(64), IntRange(1, 8)] = 2
     #: tokens per chunk within a bucket (a query sees its chunk and the bucket's previous one)
     chunk: Annotated[int, Ge(1), Choice((8, 16, 32, 64))] = 32
     #: training forward passes between redraws of the random rotations (0: fixed)

@@ -61,6 +61,14 @@ class RopeConfig:
     dynamic: bool = False  # s = max(1, input length / L) instead of ``scale``
     original_length: Annotated[int, Ge(0)] = 0  # L; 0: the training length the scheme is built for
 
+    def meaningless(self) -> list[str]:
+        """Legal settings this scheme ignores (warned about by the harness)."""
+        if self.scaling == "none" and (self.scale != 1.0 or self.dynamic):
+            what = [f"scale={self.scale:g}"] * (self.scale != 1.0) + ["dynamic=true"] * self.dynamic
+            return [f"{' and '.join(what)} {'is' if len(what) == 1 else 'are'} ignored with "
+                    f"scaling: none (choose linear, ntk or yarn)"]
+        return []
+
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {', '.join(SCALINGS)} (got {self.scaling!r}).")

@@ -17,6 +17,10 @@ from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vo
 class CopyConfig(TaskConfig):
     vocab: Annotated[int, Ge(1), IntRange(2, 64, log=True)] = 8  # distinct symbols
 
+    def meaningless(self) -> list[str]:
+        """Legal settings that leave nothing to learn (warned about by the harness)."""
+        return ["vocab=1: every sequence is the same symbol, there is nothing to learn"] if self.vocab == 1 else []
+
 
 class CopyTask(Task):
     """Copy a random symbol sequence (decoder-only: src SEP tgt)."""
