@@ -75,6 +75,19 @@ def _check_name(value: str) -> str:
 SafeName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_check_name)]
 
 
+def _not_default(value: str) -> str:
+    """MLflow's ``Default`` experiment keeps its artifacts in ``mlruns/0`` of the folder its
+    store was created in, outside the store (and its location cannot be changed)."""
+    if value == "Default":
+        raise ValueError("MLflow's Default experiment keeps its artifacts outside the store "
+                         "(mlruns/0 of the folder the store was created in); name another one")
+    return value
+
+
+#: The name of an MLflow experiment the harness logs to.
+ExperimentName = Annotated[SafeName, AfterValidator(_not_default)]
+
+
 def _tuple_from_list(value: Any) -> Any:
     """YAML and JSON have no tuples: accept a list where the schema declares a tuple."""
     return tuple(value) if isinstance(value, list) else value
@@ -167,7 +180,7 @@ class TrainConfig(Strict):
 
 class TrackingConfig(Strict):
     uri: str | None = Field(None, min_length=1)  # None: $MLFLOW_TRACKING_URI, else the project-local store
-    experiment: SafeName = "harness"
+    experiment: ExperimentName = "harness"
     run_name: str | None = Field(None, min_length=1, max_length=250)
     tags: dict[Annotated[str, Field(min_length=1, max_length=250)], str] = Field(default_factory=dict)
 

@@ -22,6 +22,9 @@ from harness.keys import Tag
 from harness.masking import mask_text, mask_url, split_credentials
 
 ENV_HOME = "HARNESS_HOME"
+#: artifacts of every experiment the harness creates go under this URI when set (s3://..., a
+#: shared folder): for a database store shared by machines (see the scale-out recipe)
+ENV_ARTIFACTS = "HARNESS_ARTIFACT_URI"
 MAX_PARAM_LEN = 6000
 #: MLflow 3 opens an experiment without this tag in its GenAI view (traces; the runs table
 #: hidden): the harness's experiments say they hold model-training runs.
@@ -255,14 +258,13 @@ class Tracker:
                 f"{bounded(str(exc), 300)}). Check --tracking-uri / MLFLOW_TRACKING_URI, or start the server."
             ) from None
         if exp is not None:
+            self._check_location(exp)
             if exp.lifecycle_stage == "deleted":
                 self.client.restore_experiment(exp.experiment_id)
             if EXPERIMENT_KIND[0] not in exp.tags:  # created by an older harness or by hand
                 self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
             return str(exp.experiment_id)
-        location = None
-        if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
-            location = inside(artifact_root(), name).as_uri()
+        location = self.artifact_location(name)
         try:
             return str(self.client.create_experiment(name, artifact_location=location,
                                                      tags=dict([EXPERIMENT_KIND])))
@@ -270,6 +272,38 @@ class Tracker:
             exp = self.client.get_experiment_by_name(name)
             assert exp is not None
             return str(exp.experiment_id)
+
+    def artifact_location(self, name: str) -> str | None:
+        """Where a new experiment keeps its artifacts: ``$HARNESS_ARTIFACT_URI/<name>`` when set
+        (object storage shared by the workers of a database store on several machines), else a
+        folder under the store's ``artifacts/``; None for a tracking server (the server decides,
+        ``mlflow-artifacts:``). Never MLflow's default, ``./mlruns`` of whatever folder the
+        process started in."""
+        if self.uri.startswith(("http://", "https://", "databricks")):
+            return None
+        shared = os.environ.get(ENV_ARTIFACTS)
+        if shared:
+            return f"{shared.rstrip('/')}/{safe_folder(name)}"
+        return inside(artifact_root(), name).as_uri()
+
+    def _check_location(self, exp: Any) -> None:
+        """Refuse an existing experiment whose artifacts would land outside the store: MLflow's
+        ``Default`` (its artifacts go to ``mlruns/0`` of the folder the store was created in)
+        and, in a local SQLite store, any experiment whose artifact folder is not under the
+        store's (made by hand, or a store copied from elsewhere)."""
+        location = str(exp.artifact_location or "")
+        root = artifact_root().resolve().as_uri()
+        shared = os.environ.get(ENV_ARTIFACTS)
+        outside = exp.name == "Default" or (
+            self.uri.startswith("sqlite:") and not location.startswith(root + "/")
+            and not (shared and location.startswith(shared.rstrip("/") + "/")))
+        if outside:
+            raise ConfigError(
+                f"experiment '{bounded(exp.name)}' keeps its artifacts in {bounded(location)}, outside "
+                f"this store ({root}): runs logged there would leave their files behind whenever "
+                f"the store is moved or shared. Name another experiment (tracking.experiment / "
+                f"--experiment); the harness creates it with its artifacts under the store."
+            )
 
     def start_run(
         self,

@@ -180,8 +180,9 @@ def server_env(uri: str) -> dict[str, str]:
     from harness import tracking
 
     env = {"MLFLOW_BACKEND_STORE_URI": uri, "MLFLOW_REGISTRY_STORE_URI": uri}
-    if uri.startswith("sqlite:"):
-        env["MLFLOW_DEFAULT_ARTIFACT_ROOT"] = tracking.artifact_root().as_uri()
+    if not uri.startswith(("http://", "https://")):  # never ./mlruns of the folder it started in
+        env["MLFLOW_DEFAULT_ARTIFACT_ROOT"] = (os.environ.get(tracking.ENV_ARTIFACTS)
+                                               or tracking.artifact_root().as_uri())
     return env
 
 

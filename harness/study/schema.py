@@ -22,7 +22,7 @@ from harness.config import (
     MAX_SECONDS,
     MAX_STEPS,
     ComponentConfig,
-    SafeName,
+    ExperimentName,
     Seed,
     Strict,
     apply_overrides,
@@ -213,7 +213,7 @@ class ResumeConfig(Strict):
 
 
 class StudyTracking(Strict):
-    experiment: SafeName | None = None  # default: the study name
+    experiment: ExperimentName | None = None  # default: the study name
 
 
 class StudyConfig(Strict):
