@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.children import die_with_parent
-from harness.errors import HarnessError
+from harness.errors import HarnessError, shorten
 
 HOST = "127.0.0.1"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -201,8 +201,15 @@ def run(args: argparse.Namespace) -> int:
     explicit = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     uri = tracking.tracking_uri(explicit or (study.tracking_uri if study else None))
     if uri.startswith(("http://", "https://")):  # a tracking server: its UI is already there
-        base = uri.rstrip("/")
-        _show(links(base, study), args.open)
+        base = tracking.without_credentials(uri).rstrip("/")
+        tracking.probe_server(base)  # seconds; then a refused or failing request is one paragraph
+        try:
+            found = links(base, study)
+        except (OSError, ValueError, KeyError) as exc:  # URLError is an OSError
+            raise HarnessError(f"the MLflow server {_redact(base)} did not answer its REST API "
+                               f"({type(exc).__name__}: {shorten(str(exc), 200)}). Check the URI "
+                               f"and that it is an MLflow server.") from None
+        _show(found, args.open)
         return 0
     if not port_free(args.port):
         raise busy_port_error(args.port)

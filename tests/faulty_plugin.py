@@ -2,7 +2,9 @@
 
 ``boom``  raises ``ZeroDivisionError`` in its forward pass after ``fail_after`` calls;
 ``hog``   asks the allocator for an impossible tensor in its forward pass (a real allocation
-          that raises: ``RuntimeError``/``torch.OutOfMemoryError`` from PyTorch's allocator).
+          that raises: ``RuntimeError``/``torch.OutOfMemoryError`` from PyTorch's allocator);
+``quits`` raises, while it is built, what its ``how`` names: ``SystemExit(5)``,
+          ``KeyboardInterrupt`` or a bare ``BaseException`` (none of them an ``Exception``).
 
 Every instance is kept in ``LIVE`` (a WeakSet), so a test can check that a failed run's
 model was released.
@@ -16,7 +18,7 @@ from typing import Annotated, Any
 
 import torch
 
-from harness.plugin import Ge, IntRange, Mixer, MixerSpec, hookimpl
+from harness.plugin import Choice, Ge, IntRange, Mixer, MixerSpec, hookimpl
 
 LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -78,7 +80,24 @@ class HogMixer(Mixer):
         return 0
 
 
+@dataclass
+class QuitsConfig:
+    how: Annotated[str, Choice(("exit", "interrupt", "base"))] = "exit"
+
+
+class QuitsMixer(BoomMixer):
+    """A mixer whose constructor leaves by a non-``Exception``."""
+
+    def __init__(self, config: QuitsConfig, *, d_model: int, num_heads: int) -> None:
+        if config.how == "exit":
+            raise SystemExit(5)
+        if config.how == "interrupt":
+            raise KeyboardInterrupt
+        raise BaseException("the plugin gave up")
+
+
 @hookimpl
 def harness_register_mixer(register: Any) -> None:
     register(MixerSpec(name="boom", build=BoomMixer))
     register(MixerSpec(name="hog", build=HogMixer))
+    register(MixerSpec(name="quits", build=QuitsMixer))

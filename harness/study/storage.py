@@ -99,15 +99,20 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             f"there is no study storage at {url}. Run `harness study run FILE` first, or pass "
             f"--storage with the URL the study was created in."
         )
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    engine: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    if url.startswith("postgresql"):  # a server that does not answer: seconds, not minutes
+        engine["connect_args"] = {"connect_timeout": 10}
     path = sqlite_file(url)
     if path is not None and read_only:  # a writer checks under the schema lock
         check_sqlite(path, "optuna")
     try:
         if read_only:
             with _no_schema_versioning():
-                return RDBStorage(_read_only_url(url), engine_kwargs=engine,
-                                  skip_table_creation=True, skip_compatibility_check=True)
+                storage = RDBStorage(_read_only_url(url), engine_kwargs=engine,
+                                     skip_table_creation=True, skip_compatibility_check=True)
+            with storage.engine.connect():  # a wrong password or a closed port: here, not later
+                pass
+            return storage
         with quiet_experimental(), schema_lock(url, "optuna"):
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
