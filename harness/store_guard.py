@@ -92,11 +92,11 @@ def check_sqlite(path: Path, store: str) -> None:
                 result = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
                 if result != ["ok"]:
                     raise damaged(path, store, "is damaged (SQLite's quick_check: "
-                                               f"{'; '.join(str(r)[:80] for r in result)})")
+                                               f"{'; '.join(' '.join(str(r).split())[:80] for r in result)})")
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
-        raise damaged(path, store, f"cannot be read by SQLite ({str(exc)[:120]})") from None
+        raise damaged(path, store, f"cannot be read by SQLite ({' '.join(str(exc).split())[:120]})") from None
     if tables and not tables & SIGNATURE[store]:
         other = next((k for k, sig in SIGNATURE.items() if tables & sig), None)
         kind = f"an {WHAT[other]}" if other else "another program's database"

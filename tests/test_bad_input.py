@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -274,3 +275,134 @@ def test_accepted_run_config_values_train_or_fail_with_a_clear_error(drawn):
     assert result.status in ("FINISHED", "FAILED"), (drawn, result.status)
     if result.status == "FINISHED":
         assert math.isfinite(result.metrics["val/loss"]), (drawn, result.metrics)
+
+
+# -- issue 25: the classes the second probe found ---------------------------------------------------
+# Each property below would have found one class of the probe's defects: plugin parameters
+# accepted beyond any size or outside their declared choices, a damaged store opened (and so
+# replaced), a password with URL-special characters shown, an echoed value without bound.
+
+def _plugin_params() -> list[tuple[str, str, type, Any]]:
+    """(kind, component, config class, Param) of every declared parameter of every plugin."""
+    import harness
+    from harness.params import declared_params
+    from harness.registry import KINDS
+
+    registry = harness.load_plugins()
+    out = []
+    for kind in KINDS:
+        for name in registry.names(kind):
+            spec = registry.get(kind, name)
+            out += [(kind, name, spec.config, p) for p in declared_params(spec.config)]
+    return out
+
+
+PLUGIN_PARAMS = _plugin_params()
+HUGE_OR_ODD = st.one_of(
+    st.sampled_from([1e30, -1e30, 10**12, 2**31, 10**40, 1e13, "bogus", "", "PRE", None, [], {}]),
+    st.floats(allow_nan=False, allow_infinity=False), st.integers(), st.text(max_size=8),
+)
+
+
+@given(param=st.sampled_from(PLUGIN_PARAMS), value=HUGE_OR_ODD)
+def test_every_plugin_parameter_refuses_what_cannot_be_meant(param, value):
+    """A value is refused naming the field, or it is one the code can mean: within the bounds,
+    no larger than any size (:data:`harness.params.MAX_INT`/``MAX_FLOAT`` where no upper bound
+    is declared) and, for a choice of strings or booleans, one of the choices."""
+    from harness.params import MAX_FLOAT, MAX_INT, Choice, enumerated, resolve
+
+    kind, name, config, p = param
+    where = f"{kind}.{name}.params"
+    try:
+        resolved = resolve(config, {p.name: value}, where)
+    except ConfigError as exc:
+        assert p.name in str(exc) or where in str(exc)
+        assert len(str(exc)) < 2000 and "\n" not in str(exc).strip()
+        return
+    got = getattr(resolved, p.name)
+    if p.numeric and isinstance(got, int | float) and not isinstance(got, bool):
+        assert math.isfinite(got)
+        if not any(getattr(b, "le", None) is not None or getattr(b, "lt", None) is not None for b in p.bounds):
+            assert abs(got) <= (MAX_INT if isinstance(got, int) else MAX_FLOAT), (name, p.name, got)
+    if enumerated(p):
+        assert isinstance(p.range, Choice) and got in p.range.options, (name, p.name, got)
+
+
+@pytest.fixture(scope="module")
+def store_file(tmp_path_factory) -> Path:
+    """A real MLflow SQLite store with a few runs, params and metrics (no training)."""
+    from harness.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("fuzz-store") / "mlflow.db"
+    tracker = Tracker(f"sqlite:///{path}")
+    for i in range(3):
+        run = tracker.start_run("e", run_name=f"r{i}")
+        tracker.log_params(run, {"a": i, "b": "x" * 200})
+        tracker.log_metrics(run, {"m": float(i)})
+        tracker.end_run(run, "FINISHED")
+    return path
+
+
+@settings(max_examples=int(os.environ.get("HARNESS_STORE_EXAMPLES", "25")),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(cut=st.floats(0.0, 0.999), spot=st.floats(0.0, 0.999), length=st.integers(1, 8192),
+       how=st.sampled_from(["truncate", "overwrite", "zero", "both"]))
+def test_a_damaged_store_is_refused_or_still_whole(store_file, tmp_path, cut, spot, length, how):
+    """Damage anywhere, of any size: the guard refuses the file, or SQLite finds it whole and
+    every run is still there (a damaged store is never opened, so never replaced)."""
+    import sqlite3
+
+    from harness.store_guard import StoreError, check_sqlite
+
+    data = bytearray(store_file.read_bytes())
+    if how in ("overwrite", "zero", "both"):
+        at = int(spot * len(data))
+        data[at: at + length] = (b"\x00" if how == "zero" else b"\xa5") * len(data[at: at + length])
+    if how in ("truncate", "both"):
+        data = data[: int(cut * len(data))]
+    path = tmp_path / f"m-{how}-{cut}-{spot}-{length}.db"
+    path.write_bytes(bytes(data))
+    try:
+        check_sqlite(path, "mlflow")
+    except StoreError as exc:
+        assert str(path) in str(exc) and "\n" not in str(exc)
+        return
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+
+
+PASSWORD = st.text(alphabet=st.sampled_from(list("abcXYZ019/:?#%&=+;,!$'()*[]~-._@")), min_size=3, max_size=16)
+
+
+@given(password=PASSWORD, scheme=st.sampled_from(["postgresql+psycopg", "mysql", "https", "postgresql"]))
+def test_no_password_survives_masking(password, scheme):
+    """Any password a URL can carry (raw '/', '?', '#', ':' and '@' included) is masked in the
+    URL alone and inside a sentence, and the host and database stay readable."""
+    from harness.masking import mask_text
+
+    url = f"{scheme}://user:{password}@db.example:5432/name"
+    shown = f"{scheme}://user:***@db.example:5432/name"
+    for text in ("{}", "cannot open {} (refused)", "`--storage {}`"):
+        assert mask_text(text.format(url)) == text.format(shown), (password, mask_text(text.format(url)))
+
+
+@given(size=st.integers(1_000, 60_000), field=st.sampled_from(
+    ["task.params.eval_lengths", "model.params.pattern", "train.lr", "task.params", "tracking.tags"]))
+def test_an_echoed_value_is_bounded(size, field):
+    """However large the value, the error that echoes it stays short."""
+    value: Any = list(range(size)) if field != "task.params" else {f"k{i}": i for i in range(size)}
+    data: dict[str, Any] = {"task": {"name": "copy"}, "model": {"name": "transformer"}}
+    node = data
+    *parents, leaf = field.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    import harness
+    from harness.config import parse_run_config
+    from harness.run.plan import plan
+
+    try:
+        plan(parse_run_config(data), harness.load_plugins())
+    except ConfigError as exc:
+        assert len(str(exc)) < 2000, (field, len(str(exc)))
