@@ -559,3 +559,20 @@ def _create_database(url: str, name: str) -> None:
     with engine.connect() as conn:
         conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
     engine.dispose()
+
+
+def test_a_copied_project_uses_its_own_mlflow_store(tmp_path, harness_home, monkeypatch, capsys):
+    """A study's record names the absolute mlflow.db it was created with; a copy of the
+    project's store folder uses the mlflow.db next to its own optuna.db, never the original."""
+    path = tiny_study(tmp_path)
+    assert main(["study", "create", str(path)]) == 0
+    copy_home = tmp_path / "copy" / ".harness"
+    shutil.copytree(harness_home, copy_home)
+    original = _digest(harness_home / "mlflow.db")
+    monkeypatch.setenv("HARNESS_HOME", str(copy_home))
+    from harness.study.storage import open_storage, open_study
+
+    url = f"sqlite:///{copy_home / 'optuna.db'}"
+    handle = open_study("tiny", open_storage(url), url)
+    assert handle.tracker.uri == f"sqlite:///{copy_home / 'mlflow.db'}"
+    assert _digest(harness_home / "mlflow.db") == original

@@ -235,11 +235,23 @@ def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | No
             f"{', '.join(names) or 'none'}. Pass --storage if it lives elsewhere."
         )
     config = parse_study_config(record["config"], f"the record of study '{name}'")
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or record.get("tracking_uri")
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or moved_with_storage(
+        record.get("tracking_uri"), storage_url)
     handle = StudyHandle(name, storage, storage_url, record, config, tracking.Tracker(uri))
     if record.get("ready") and check_tracking:
         _check_parent(handle)
     return handle
+
+
+def moved_with_storage(recorded: str | None, storage_url: str) -> str | None:
+    """The recorded SQLite tracking URI of a study whose SQLite stores were copied or moved
+    together (a project folder, ``.harness``): the ``mlflow.db`` next to the ``optuna.db`` in
+    use now, not the original's absolute path (which would write into the original store)."""
+    old, here = sqlite_file(recorded or ""), sqlite_file(storage_url)
+    if old is None or here is None or old.parent == here.parent:
+        return recorded
+    candidate = here.parent / old.name
+    return f"sqlite:///{candidate}" if candidate.exists() else recorded
 
 
 def _check_parent(handle: StudyHandle) -> None:
