@@ -282,7 +282,7 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{where}.{loc}: {shorten(err['msg'])} (got {short_repr(err.get('input'))}).") from None
+        raise ConfigError(f"{where}.{loc}: {shorten(err['msg'], 1000)} (got {short_repr(err.get('input'))}).") from None
     except (TypeError, ValueError, ArithmeticError) as exc:
         raise ConfigError(f"{where}: {shorten(str(exc), 300)}") from None
 
