@@ -258,6 +258,13 @@ def _not_a_choice(p: Param, value: Any) -> str | None:
     return f"{short_repr(value)} is not {p.range.describe()}{hint}"
 
 
+def value_problem(p: Param, value: Any) -> str | None:
+    """Why a single value cannot be meant for ``p`` beyond its type and bounds (a size beyond
+    any meaning, a string outside its declared choices); None if it can. Used for configs
+    (:func:`resolve`) and for the values a study may sample."""
+    return _beyond_any_size(p, value) or _not_a_choice(p, value)
+
+
 def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     """Build a config instance from user values, with errors that name the field.
 
@@ -274,7 +281,7 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     for name, value in values.items():
         if isinstance(value, bool) and declared[name].numeric:
             raise ConfigError(f"{where}.{name}: expects a number, not a boolean (got {value}).")
-        why = _beyond_any_size(declared[name], value) or _not_a_choice(declared[name], value)
+        why = value_problem(declared[name], value)
         if why:
             raise ConfigError(f"{where}.{name}: {why}.")
     try:

@@ -576,3 +576,17 @@ def test_a_copied_project_uses_its_own_mlflow_store(tmp_path, harness_home, monk
     handle = open_study("tiny", open_storage(url), url)
     assert handle.tracker.uri == f"sqlite:///{copy_home / 'mlflow.db'}"
     assert _digest(harness_home / "mlflow.db") == original
+
+
+def test_a_study_may_not_search_outside_a_declared_choice(tmp_path, harness_home, capsys):
+    import copy
+
+    from test_study import CANDIDATE
+
+    cand = copy.deepcopy(CANDIDATE)
+    cand["model"]["search"] = {"norm": ["pre", "bogus"]}
+    path = tiny_study(tmp_path, candidates=[cand])
+    assert main(["study", "create", str(path)]) == 2
+    err = _one_paragraph(capsys.readouterr().err)
+    assert "search.norm" in err and "'pre', 'post'" in err
+    assert _no_study_created(harness_home)

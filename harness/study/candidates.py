@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, short_repr
 from harness.params import (
     Choice,
     FloatRange,
@@ -25,6 +25,7 @@ from harness.params import (
     declared_params,
     suggest,
     unknown_params_error,
+    value_problem,
 )
 from harness.registry import Registry
 from harness.study.schema import Candidate, SearchComponent
@@ -93,13 +94,14 @@ def parse_range(raw: Any, kind: type | None, where: str) -> Range:
         if unknown or "low" not in raw or "high" not in raw:
             raise ConfigError(
                 f"{where}: a numeric range is {{low: L, high: H}} with optional log: true and "
-                f"step (integers); got {raw!r}."
+                f"step (integers); got {short_repr(raw)}."
             )
         low, high, log = raw["low"], raw["high"], bool(raw.get("log", False))
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
-            raise ConfigError(f"{where}: low and high must be numbers; got {low!r} and {high!r}.")
+            raise ConfigError(f"{where}: low and high must be numbers; got {short_repr(low)} and "
+                              f"{short_repr(high)}.")
         if low > high or (log and low <= 0):
-            raise ConfigError(f"{where}: need low <= high (and low > 0 with log: true); got {raw!r}.")
+            raise ConfigError(f"{where}: need low <= high (and low > 0 with log: true); got {short_repr(raw)}.")
         if kind is int:
             step = raw.get("step", 1)
             if not all(isinstance(v, int) for v in (low, high, step)) or step < 1:
@@ -111,7 +113,7 @@ def parse_range(raw: Any, kind: type | None, where: str) -> Range:
             raise ConfigError(f"{where}: step applies to integer parameters only.")
         return FloatRange(float(low), float(high), log=log)
     raise ConfigError(
-        f"{where}: {raw!r} is not a range. Give a list of options or {{low, high}}; to fix a "
+        f"{where}: {short_repr(raw)} is not a range. Give a list of options or {{low, high}}; to fix a "
         f"value, put it under params instead."
     )
 
@@ -167,7 +169,10 @@ def _check_type(param: Param, value: Any, where: str) -> None:
     try:
         TypeAdapter(param.type).validate_python(value)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {value!r} is invalid: {exc.errors()[0]['msg']}.") from None
+        raise ConfigError(f"{where}: {short_repr(value)} is invalid: {exc.errors()[0]['msg']}.") from None
+    why = value_problem(param, value)
+    if why:
+        raise ConfigError(f"{where}: {why}.")
 
 
 def _width_values(param: Param, override: Any, where: str) -> list[int]:
