@@ -590,3 +590,12 @@ def test_a_study_may_not_search_outside_a_declared_choice(tmp_path, harness_home
     err = _one_paragraph(capsys.readouterr().err)
     assert "search.norm" in err and "'pre', 'post'" in err
     assert _no_study_created(harness_home)
+
+
+def test_a_damaged_mlflow_store_leaves_no_half_created_study(tmp_path, harness_home, capsys):
+    harness_home.mkdir(parents=True)
+    (harness_home / "mlflow.db").write_bytes(b"")
+    path = tiny_study(tmp_path)
+    assert main(["study", "create", str(path)]) == 2
+    assert "mlflow.db" in _one_paragraph(capsys.readouterr().err)
+    assert _no_study_created(harness_home)

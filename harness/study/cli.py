@@ -44,14 +44,12 @@ def _quiet(workers: bool = False) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load and validate the study file (before anything is created), open the storage and
     create or resume the study."""
-    import os
-
     from harness import tracking
     from harness.study.schema import load_study_config
 
     cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
-    if args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):  # fail in seconds, before torch
-        tracking.preflight(args.tracking_uri)
+    # in seconds, before torch, and before the study's record is created in the storage
+    tracking.preflight(args.tracking_uri)
     if cfg.profile:
         print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     _say(f"study '{cfg.name}': checking {len(cfg.candidates)} candidate(s) against the "
