@@ -61,9 +61,12 @@ def test_each_probe_input_exits_2_naming_the_field(override, field, capsys):
 
 
 def test_a_model_too_large_to_build_is_refused_naming_its_size(capsys):
-    assert main([*BASE, "--set", "model.params.d_model=1e12"]) == 1  # a memory refusal, not a config error
+    assert main([*BASE, "--set", "model.params.d_model=1073741824"]) == 1  # a memory refusal, not a config error
     err = " ".join(capsys.readouterr().err.split())
-    assert "d_model=1000000000000" in err and "Nothing was trained" in err and "Traceback" not in err
+    assert "d_model=1073741824" in err and "Nothing was trained" in err and "Traceback" not in err
+    # beyond any size (a parameter without an upper bound of its own): a config error
+    assert main([*BASE, "--set", "model.params.d_model=1e12"]) == 2
+    assert "model.params.d_model" in capsys.readouterr().err
 
 
 def test_an_infinite_rope_base_is_refused(capsys):
