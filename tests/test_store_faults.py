@@ -350,25 +350,29 @@ def test_harness_ui_puts_no_store_uri_on_a_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_study_run_workers_put_no_storage_url_on_a_command_line(tmp_path):
+def test_study_run_workers_put_no_storage_url_on_a_command_line(tmp_path, harness_home):
     secret_dir = tmp_path / "s3cret-marker"
     secret_dir.mkdir()
     storage = f"sqlite:///{secret_dir / 'o.db'}"
     path = tiny_study(tmp_path, budget={"trials": 2, "steps": 10})
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path), "--workers",
-                             "2", "--storage", storage], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    output = tmp_path / "out.log"
+    with open(output, "w") as sink:  # a file, not a pipe nobody reads while it runs
+        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "study", "run", str(path),
+                                 "--workers", "2", "--storage", storage], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
     seen: dict[int, str] = {}
     try:
         while proc.poll() is None:
-            seen.update(_cmdlines(proc.pid))
-            time.sleep(0.2)
+            seen.update({pid: line for pid, line in _cmdlines(proc.pid).items() if line})
+            time.sleep(0.05)
     finally:
-        out = proc.communicate(timeout=600)[0]
+        proc.wait(timeout=600)
+    out = output.read_text()
     workers = [line for line in seen.values() if "harness.cli" in line and "study run" in line]
     assert proc.returncode == 0, out
-    assert workers, seen
+    logs = " ".join(p.read_text() for p in (harness_home / "logs").glob("*.log"))
+    assert workers, (seen, out[-2000:], logs[-2000:])
     assert not any("s3cret-marker" in line for line in seen.values()), workers
 
 
