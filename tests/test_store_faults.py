@@ -603,3 +603,11 @@ def test_a_damaged_mlflow_store_leaves_no_half_created_study(tmp_path, harness_h
     assert main(["study", "create", str(path)]) == 2
     assert "mlflow.db" in _one_paragraph(capsys.readouterr().err)
     assert _no_study_created(harness_home)
+
+
+def test_sampler_options_are_refused_without_optunas_log(tmp_path, harness_home):
+    """The throw-away study that tries the sampler fails its first trial: that is the error,
+    not a logged traceback (a real process: Optuna's handler writes to the real stderr)."""
+    path = tiny_study(tmp_path, sampler={"name": "tpe", "options": {"n_startup_trials": "x"}})
+    code, err, _ = _cli("study", "create", str(path))
+    assert code == 2 and "sampler" in _one_paragraph(err) and len(err.splitlines()) <= 4

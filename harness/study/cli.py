@@ -50,6 +50,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
     # in seconds, before torch, and before the study's record is created in the storage
     tracking.preflight(args.tracking_uri)
+    _check_storage(args.storage)
     if cfg.profile:
         print(f"profile: {cfg.profile} (study '{cfg.name}'; choose another with --profile)", flush=True)
     _say(f"study '{cfg.name}': checking {len(cfg.candidates)} candidate(s) against the "
@@ -70,6 +71,19 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
 
     publish_view(handle)  # the link `harness ui --study` prints opens this view
     return handle, space
+
+
+def _check_storage(explicit: str | None) -> None:
+    """A SQLite storage that exists but is damaged, or cannot be written: refused before the
+    plugins load (it is checked again under its lock when it is opened)."""
+    from harness.schema_lock import sqlite_file
+    from harness.store_guard import check_sqlite, check_writable
+    from harness.study.storage import storage_url
+
+    path = sqlite_file(storage_url(explicit))
+    if path is not None:
+        check_writable(path, "optuna")
+        check_sqlite(path, "optuna")
 
 
 def _warn_seeds(cfg: Any) -> None:
