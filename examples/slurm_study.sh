@@ -27,5 +27,9 @@ if [ -n "${HARNESS_VENV:-}" ]; then
 fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
 echo "worker ${SLURM_ARRAY_TASK_ID:-0} of study $STUDY on $(hostname)"
-# exec: Slurm's signals reach the harness itself.
-exec harness study run "$STUDY" --storage "$HARNESS_STORAGE" --tracking-uri "$MLFLOW_TRACKING_URI"
+# exec: Slurm's signals reach the harness itself. The stores come from the environment
+# (HARNESS_STORAGE, MLFLOW_TRACKING_URI), never the command line, which every user of the
+# node can read. With a database as the tracking store instead of a server, also export
+# HARNESS_ARTIFACT_URI (s3://bucket/prefix, a shared folder) so every worker's artifacts land
+# in one place.
+exec harness study run "$STUDY"
