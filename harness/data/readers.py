@@ -138,6 +138,11 @@ def _datasets_folder(folder: Path) -> list[Path] | None:
     return None
 
 
+def _prepared(folder: Path) -> bool:
+    manifest = folder / "manifest.json"
+    return manifest.is_file() and b'"harness-corpus"' in manifest.read_bytes()[:200]
+
+
 def _folder_files(folder: Path) -> list[Path]:
     found = _datasets_folder(folder)
     if found is not None:
@@ -147,7 +152,8 @@ def _folder_files(folder: Path) -> list[Path]:
         if p.name.startswith("."):
             continue
         if p.is_dir():
-            out += _folder_files(p)
+            if not _prepared(p):  # a prepared corpus written inside its own sources
+                out += _folder_files(p)
         elif format_of(p) is not None and p.name not in DATASETS_METADATA:
             out.append(p)
     return out
