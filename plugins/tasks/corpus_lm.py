@@ -15,8 +15,9 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
   the processes of a multi-device run read disjoint windows
   (:func:`harness.data.corpus.window_starts`). ``num_train`` is not used.
 * **val / test**: ``eval_tokens`` consecutive tokens of the split, from an offset drawn from
-  the task seed (``train.data_seed``), are scored at *every* evaluation length: the same text
-  for every candidate and every length. Protocols as ``char_lm``: ``windows`` (consecutive
+  the task seed (``train.data_seed``) past the first ``max(eval_lengths)`` tokens, are scored
+  at *every* evaluation length and by both protocols: the same text for every candidate and
+  every length. A split needs ``eval_tokens + 1 + max(eval_lengths)`` tokens. Protocols as ``char_lm``: ``windows`` (consecutive
   windows, all scored) or ``sliding`` (windows advancing by ``score_last``, scoring their last
   ``score_last`` tokens; context before the scored text is read, unscored).
 * **metrics**: loss, perplexity and bits per token (``bpc``), and bits per byte (``bpb``: the
@@ -128,12 +129,13 @@ class CorpusLMTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
         self.token_bytes = [int(b) for b in tok.token_bytes()]
         self.train = self.corpus.require("train", config.length + 1, f"a training window ({config.length} + 1 tokens)")
-        context = max(self.eval_lengths) - config.score_last if config.eval_protocol == "sliding" else 0
-        self.context = context
+        # room before the scored text for the sliding protocol's context, kept by both
+        # protocols so that they score the same text
+        self.context = context = max(self.eval_lengths)
         for split in ("val", "test"):
             self.corpus.require(split, config.eval_tokens + 1 + context,
-                                f"the scored text (eval_tokens {config.eval_tokens} + 1"
-                                + (f" + {context} tokens of sliding context)" if context else ")"))
+                                f"the scored text (eval_tokens {config.eval_tokens} + 1, after "
+                                f"{context} tokens of room for context)")
 
     def eval_start(self, split: str) -> int:
         """Where the scored text of ``split`` starts: drawn from the task seed, the same at
