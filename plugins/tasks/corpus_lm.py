@@ -1,10 +1,11 @@
 """``corpus_lm``: language modelling on a prepared corpus (your own text), streamed from disk.
 
-``path`` is a folder written by ``harness data prepare`` (docs/data.md). With ``source`` the
-task prepares it on first use (``harness data prepare SOURCE --tokenizer TOKENIZER --out
-PATH``; reused while the source is unchanged); ``source: shakespeare`` is the text the project
-ships (``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without
-``path`` the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
+``path`` is a folder written by ``harness data prepare`` (docs/data.md), used as it is. When
+it is not prepared (or not given) and ``source`` names files, the task prepares them on first
+use, as ``harness data prepare SOURCE --tokenizer TOKENIZER --out PATH`` would (reused while
+the source is unchanged); ``source: shakespeare`` is the text the project ships
+(``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without ``path``
+the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
 ``$HARNESS_CACHE_DIR``, else ``~/.cache/harness``); with neither, the task is Shakespeare in
 bytes. ``length`` is in tokens of the corpus's tokenizer.
 
@@ -89,16 +90,21 @@ def _safe(text: str) -> str:
 
 
 def corpus_folder(config: CorpusLMConfig) -> Path:
-    """The prepared folder of a config, prepared first when it names a source."""
-    source = config.source or ("" if config.path else "shakespeare")
-    path = Path(config.path).expanduser() if config.path else \
-        cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
-    if source:
-        if source in SHIPPED:
-            with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
-                prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
-        else:
-            prepare_corpus([source], path, tokenizer=config.tokenizer, progress=False)
+    """The prepared folder of a config: ``path`` as it is when prepared; otherwise prepared
+    (or reused) from ``source`` into ``path`` or the cache folder."""
+    path = Path(config.path).expanduser() if config.path else None
+    if path is not None and (path / "manifest.json").is_file():
+        return path  # prepared (open_corpus validates it); source is not read
+    source = config.source or ("" if path is not None else "shakespeare")
+    if not source:
+        return path  # type: ignore[return-value]  # not prepared: open_corpus says how to
+    if path is None:
+        path = cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
+    if source in SHIPPED:
+        with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
+            prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
+    else:
+        prepare_corpus([source], path, tokenizer=config.tokenizer, progress=False)
     return path
 
 
