@@ -175,3 +175,23 @@ def test_corpus_lm_trains_end_to_end_without_building_a_training_split(tmp_path,
         assert result.metrics[f"val/bpb_len{n}"] == pytest.approx(loss / math.log(2) * len(targets) / byte_count, rel=1e-4)
         assert result.metrics[f"val/ppl_len{n}"] == pytest.approx(math.exp(loss))
     assert "val/bpb" in result.metrics
+
+
+@pytest.mark.slow
+def test_corpus_lm_trains_with_ddp_spawn_on_two_cpu_processes(tmp_path, registry):
+    """The streaming path runs under ddp_spawn: each process streams its share (its rank and
+    the world size from the trainer; disjointness is tested above) and the validation sums,
+    bytes included, are reduced over both processes."""
+    path = corpus(tmp_path)
+    cfg = {"task": {"name": "corpus_lm", "params": {"path": str(path), "length": 16, "eval_tokens": 64}},
+           "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+                     "position": {"name": "none"}},
+           "train": {"max_steps": 4, "batch_size": 4, "val_every": 2, "warmup_steps": 0, "accelerator": "cpu",
+                     "num_threads": 1, "progress": False, "log_attention": False},
+           "tracking": {"experiment": "corpus-ddp"}}
+    single = harness.train(cfg, registry=registry)
+    cfg["train"].update(devices=2, strategy="ddp_spawn")
+    spawned = harness.train(cfg, registry=registry)
+    assert spawned.status == "FINISHED" and spawned.metrics["train/steps"] == 4
+    assert math.isfinite(spawned.metrics["val/bpb"]) and spawned.metrics["val/bpb"] > 0
+    assert {k for k in spawned.metrics if k.startswith("val/")} == {k for k in single.metrics if k.startswith("val/")}
