@@ -119,6 +119,21 @@ def test_a_source_is_prepared_on_first_use_and_reused(tmp_path, registry):
     assert (tmp_path / "mine" / "manifest.json").stat().st_mtime_ns == stamp
 
 
+def test_sources_without_a_path_get_one_cache_folder_each(tmp_path, registry, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    folders = []
+    for sub in ("a", "b"):  # two files of the same name
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "texts.txt").write_text("\n\n".join(f"{sub} paragraph {i} " * 5 for i in range(400)))
+        t = harness.create_task("corpus_lm", registry=registry, source=str(tmp_path / sub / "texts.txt"),
+                                length=16, eval_tokens=64)
+        folders.append(t.corpus.root)
+    assert folders[0] != folders[1] and all(f.parent == tmp_path / "cache" / "corpora" for f in folders)
+    assert all(f.name.startswith("texts.txt-") and f.name.endswith("-bytes") for f in folders)
+    shipped = harness.create_task("corpus_lm", registry=registry, length=16, eval_tokens=64)
+    assert shipped.corpus.root == tmp_path / "cache" / "corpora" / "shakespeare-bytes"
+
+
 def test_bits_per_byte_match_an_independent_float64_computation(tmp_path, registry):
     t = task(registry, corpus(tmp_path, tokenizer="chars"), length=16, eval_tokens=160)
     tok = t.corpus.tokenizer
