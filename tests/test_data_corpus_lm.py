@@ -210,3 +210,62 @@ def test_corpus_lm_trains_with_ddp_spawn_on_two_cpu_processes(tmp_path, registry
     assert spawned.status == "FINISHED" and spawned.metrics["train/steps"] == 4
     assert math.isfinite(spawned.metrics["val/bpb"]) and spawned.metrics["val/bpb"] > 0
     assert {k for k in spawned.metrics if k.startswith("val/")} == {k for k in single.metrics if k.startswith("val/")}
+
+
+def study_file(tmp_path, candidates_task):
+    import yaml
+
+    model = {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+             "search_declared": False, "position": {"name": "none", "search_declared": False}}
+    study = {"name": "tokenizers", "task": {"name": "corpus_lm", "params": {"length": 16, "eval_tokens": 64}},
+             "candidates": [{"name": name, "model": model, "task": task} for name, task in candidates_task],
+             "objective": {"metric": "bpb"}, "search": {"lr": [3.0e-3]},
+             "train": {"batch_size": 4, "val_every": 2, "num_threads": 1, "log_attention": False},
+             "budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2}, "pruner": {"name": "none"}}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_candidates_may_each_read_their_own_prepared_folder(tmp_path, registry):
+    """The tokenizer as what a study compares: one text, two prepared folders, ranked by bpb."""
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
+    path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
+    space = validate(load_study_config(path), registry)
+    runs = {c.name: space.run_config(c, None, seed=0) for c in space.candidates}
+    assert runs["bytes"]["task"] == {"name": "corpus_lm", "params": {"length": 16, "eval_tokens": 64, "path": str(by_bytes)}}
+    assert runs["chars"]["task"]["params"]["path"] == str(by_chars)
+    vocab = {c.name: space.task_for(runs[c.name]["task"]["params"]).vocab.size for c in space.candidates}
+    assert vocab["bytes"] == 261 and vocab["chars"] < 261
+
+
+@pytest.mark.parametrize(("task", "expected"), [
+    ({"paht": "x"}, "candidates[1] (b): task.params: unknown parameter 'paht'"),
+    ({"path": "not/prepared"}, "harness data prepare"),
+])
+def test_a_candidates_bad_task_params_fail_validation(tmp_path, registry, task, expected):
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    good = corpus(tmp_path)
+    path = study_file(tmp_path, [("a", {"path": str(good)}), ("b", task)])
+    with pytest.raises(ConfigError) as err:
+        validate(load_study_config(path), registry)
+    assert expected in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, registry, capsys):
+    from harness.cli import main
+
+    by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
+    path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
+    out = tmp_path / "report"
+    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "json"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(c["name"] for c in summary["candidates"]) == ["bytes", "chars"]
+    assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
