@@ -269,3 +269,14 @@ def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, reg
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(c["name"] for c in summary["candidates"]) == ["bytes", "chars"]
     assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
+
+
+def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_path, capsys):
+    from harness.cli import main
+
+    (tmp_path / "raw").mkdir()
+    code = main(["train", "--task", "corpus_lm", "--model", "transformer", "--max-steps", "1", "--no-progress",
+                 "--set", f"task.params.path={tmp_path / 'raw'}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "Traceback" not in err
+    assert f"Prepare it first: harness data prepare YOUR_FILES... --tokenizer bytes --out {tmp_path / 'raw'}" in err
