@@ -119,6 +119,8 @@ def symbols(tokenizer: Any, vocab_size: int) -> tuple[str, ...]:
         name = "<eod>" if i == tokenizer.eod_id else tokenizer.decode([i])
         if not name or "\ufffd" in name or name in seen:
             name = f"<{i}>"
+            while name in seen:  # a token that spells "<i>" itself came first
+                name += "'"
         seen.add(name)
         names.append(name)
     return tuple(names)
