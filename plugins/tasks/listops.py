@@ -16,9 +16,9 @@ Sampling (as LRA's ``generate_tree``): a node at depth d < ``max_depth`` (the ro
 always a digit. An operator is drawn uniformly from the four and takes k arguments, k uniform
 in 2..``max_args``, each a node one level deeper. A tree is kept only when its token count
 (operators, digits and closing brackets; LRA's ``length``) lies in
-[``min_length``, ``length``]; others are redrawn. Trees are distinct within a split, and the
-validation and test splits never repeat a training tree (LRA draws one set of distinct trees
-and cuts it into splits).
+[``min_length``, ``length``]; others are redrawn. Trees are distinct within a split, and no
+split repeats a tree of another (LRA draws one set of distinct trees and cuts it into
+splits).
 
 LRA's defaults: ``max_depth`` 10, ``max_args`` 10, 500 < tokens < 2,000, 96,000 / 2,000 /
 2,000 examples (here ``length`` 2000, ``min_length`` 500, ``num_train`` 96000, ``num_val``
@@ -135,8 +135,10 @@ class ListOpsTask(Task):
     def generate(self, split: str, length: int) -> list[Example]:
         rng = random.Random(self.split_seed(split, length))
         seen: set[tuple[int, ...]] = set()
-        if split != "train":  # never repeat a training tree
-            seen = {tuple(e["tokens"]) for e in self.examples("train", self.train_length)}
+        earlier = {"train": (), "val": ("train",), "test": ("train", "val")}[split]
+        for other in earlier:  # never repeat a tree of an earlier split
+            n = self.train_length if other == "train" else length
+            seen |= {tuple(e["tokens"]) for e in self.examples(other, n)}
         want = self.split_size(split)
         out: list[Example] = []
         for _ in range(want * MAX_DRAWS_PER_EXAMPLE):

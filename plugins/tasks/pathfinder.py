@@ -19,14 +19,15 @@ free angles, so that the label is decidable from the drawn pixels (the test chec
   distractor contours of ``distractor_length`` dashes (LRA's Pathfinder-32: 14 dashes, four
   distractors of 14 // 3 = 4 dashes... see the table below). The two markers are small squares
   (side ``2 * marker_radius + 1``) on contour ends: both ends of the first contour (label 1) or
-  one end of each contour (label 0), so both classes have the same ink.
+  one end of each contour (label 0), so both classes have the same ink. The two ends of a
+  contour are far enough apart that their markers neither touch nor link directly.
 * Objects (a contour with its reserved marker squares) never come closer than ``gap + 2``
   pixels (Chebyshev distance) to one another, while the dashes of one contour are ``gap +
   1`` apart: two pixels are "linked" when within ``gap + 1``, and the markers are linked
   through the contour exactly when the label is 1.
-* Intensities: background 0, each contour one grey level drawn from 96..200, markers 255.
+* Intensities: background 0, each contour one grey level drawn from 128..224, markers 255.
   Tokens are the pixel values quantized to ``levels`` grey levels (256: the raw byte, as LRA;
-  fewer: ``value * levels // 256``). Labels are balanced exactly (half of each split).
+  fewer: ``round(value * (levels - 1) / 255)``, so that ink stays ink even at 2 levels). Labels are balanced exactly (half of each split).
 
 Difficulty (LRA's Pathfinder-32 is ``contour_length`` 14, "hard"; its easy and intermediate
 sets use 6 and 9; Path-X is 128x128 at 14, with longer dashes and wider gaps):
@@ -70,7 +71,7 @@ from harness.plugin import (
 
 DIRECTIONS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # 45 degrees apart
 MARKER = 255
-CONTOUR_GREY = (96, 200)
+CONTOUR_GREY = (128, 224)  # every contour stays visible at 2 grey levels
 WALK_TRIES = 40  # starts tried per contour before the image is redrawn
 
 
@@ -139,10 +140,11 @@ class PathfinderTask(Task):
         labels = [i % 2 for i in range(n)]
         rng.shuffle(labels)
         side, levels, first = math.isqrt(length), self.config.levels, self.vocab.first_symbol
+        token = [first + round(v * (levels - 1) / 255) for v in range(256)]
         out = []
         for label in labels:
             pixels = self.image(rng, side, label)
-            out.append({"tokens": [first + v * levels // 256 for v in pixels], "label": label})
+            out.append({"tokens": [token[v] for v in pixels], "label": label})
         return out
 
     def image(self, rng: random.Random, side: int, label: int) -> bytearray:
@@ -200,6 +202,9 @@ class PathfinderTask(Task):
             if not ok:
                 continue
             reserved = set(cells)
+            apart = max(abs(a - b) for a, b in zip(cells[0], cells[-1], strict=True))
+            if markers and apart < 2 * r + canvas.clearance + 1:
+                continue  # the two markers would touch or link without the contour
             if r:
                 for end in (cells[0], cells[-1]):
                     square = _square(*end, r)
