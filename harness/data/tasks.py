@@ -79,6 +79,9 @@ class Task:
     task_kind: ClassVar[str] = "lm"
     #: Log perplexity and bits per token (language-modelling tasks).
     report_perplexity: ClassVar[bool] = False
+    #: What a model factory learns from the task beyond its format (``TaskInfo.extra``), e.g.
+    #: ``{"two_tower": True}``: each input is ``doc1 SEP doc2`` (``lra_retrieval``).
+    model_hints: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config
