@@ -70,7 +70,7 @@ from harness.data.tasks import (
     lm_windows,
 )
 from harness.decoding import edit_distance, greedy, greedy_steps
-from harness.errors import ConfigError, PluginError
+from harness.errors import ConfigError, MissingDataError, PluginError
 from harness.hookspecs import hookimpl
 from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
@@ -116,7 +116,7 @@ __all__ = [
     # hyper-parameters: bounds (hard limits) and search ranges
     "Ge", "Gt", "Le", "Lt", "Interval", "IntRange", "FloatRange", "Choice", "NoParams",
     # errors a plugin raises (a ValueError from a constructor also becomes a clean config error)
-    "ConfigError", "PluginError",
+    "ConfigError", "PluginError", "MissingDataError",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
