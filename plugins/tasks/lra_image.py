@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks import lra_files
+from harness_plugins.tasks.lra import readers
 
 from harness.plugin import Choice, Example, Ge, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
@@ -47,16 +47,16 @@ class LraImageTask(Task):
 
     def __init__(self, config: LraImageConfig, *, seed: int) -> None:
         super().__init__(config, seed=seed, vocab=Vocab(tuple(f"g{i}" for i in range(256))), num_classes=10)
-        self.root = lra_files.folder(config.data_dir, "image")
-        for name in (*lra_files.CIFAR_TRAIN_FILES, lra_files.CIFAR_TEST_FILE):
+        self.root = readers.folder(config.data_dir, "image")
+        for name in (*readers.CIFAR_TRAIN_FILES, readers.CIFAR_TEST_FILE):
             if not (self.root / name).is_file():
-                raise lra_files.missing("lra_image", "image", self.root / name, "CIFAR-10 (binary version)")
+                raise readers.missing("lra_image", "image", self.root / name, "CIFAR-10 (binary version)")
 
     def generate(self, split: str, length: int) -> list[Example]:
         if split == "test":
-            images = lra_files.read_cifar(self.root / lra_files.CIFAR_TEST_FILE)
+            images = readers.read_cifar(self.root / readers.CIFAR_TEST_FILE)
         else:
-            images = [r for name in lra_files.CIFAR_TRAIN_FILES for r in lra_files.read_cifar(self.root / name)]
+            images = [r for name in readers.CIFAR_TRAIN_FILES for r in readers.read_cifar(self.root / name)]
             cut = min(TRAIN_IMAGES, len(images) * 9 // 10)  # LRA's 90%; smaller files keep the ratio
             images = images[:cut] if split == "train" else images[cut:]
         first = self.vocab.first_symbol

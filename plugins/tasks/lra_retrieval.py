@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from harness_plugins.tasks import lra_files
+from harness_plugins.tasks.lra import readers
 
 from harness.plugin import SEP, Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
@@ -44,15 +44,15 @@ class LraRetrievalTask(Task):
     config: LraRetrievalConfig
 
     def __init__(self, config: LraRetrievalConfig, *, seed: int) -> None:
-        super().__init__(config, seed=seed, vocab=Vocab(lra_files.byte_symbols()), num_classes=2)
-        self.root = lra_files.folder(config.data_dir, "retrieval")
-        for name in lra_files.AAN_FILES.values():
+        super().__init__(config, seed=seed, vocab=Vocab(readers.byte_symbols()), num_classes=2)
+        self.root = readers.folder(config.data_dir, "retrieval")
+        for name in readers.AAN_FILES.values():
             if not (self.root / name).is_file():
-                raise lra_files.missing("lra_retrieval", "retrieval", self.root / name,
+                raise readers.missing("lra_retrieval", "retrieval", self.root / name,
                                         "LRA's AAN document pairs")
 
     def generate(self, split: str, length: int) -> list[Example]:
-        pairs = lra_files.read_aan(self.root / lra_files.AAN_FILES[split])
+        pairs = readers.read_aan(self.root / readers.AAN_FILES[split])
         first = self.vocab.first_symbol
         return [{"tokens": [first + b for b in one[:length]] + [SEP] + [first + b for b in two[:length]],
                  "label": label}

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks import lra_files
+from harness_plugins.tasks.lra import readers
 
 from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
@@ -44,16 +44,16 @@ class LraTextTask(Task):
     config: LraTextConfig
 
     def __init__(self, config: LraTextConfig, *, seed: int) -> None:
-        super().__init__(config, seed=seed, vocab=Vocab(lra_files.byte_symbols()), num_classes=2)
-        self.root = lra_files.folder(config.data_dir, "text")
+        super().__init__(config, seed=seed, vocab=Vocab(readers.byte_symbols()), num_classes=2)
+        self.root = readers.folder(config.data_dir, "text")
         for split in ("train", "test"):
             for name in ("neg", "pos"):
                 if not (self.root / split / name).is_dir():
-                    raise lra_files.missing("lra_text", "text", self.root / split / name,
+                    raise readers.missing("lra_text", "text", self.root / split / name,
                                             "IMDb reviews (one .txt file per review)")
 
     def generate(self, split: str, length: int) -> list[Example]:
-        reviews = lra_files.read_imdb(self.root, "train" if split == "train" else "test")
+        reviews = readers.read_imdb(self.root, "train" if split == "train" else "test")
         random.Random(SHUFFLE_SEED).shuffle(reviews)
         first = self.vocab.first_symbol
         return [{"tokens": [first + b for b in text[:length]], "label": label}
