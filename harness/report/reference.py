@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from harness.report.collect import CandidateResult
-from harness.report.render import Block, fmt
+from harness.report.render import Block
 
 
 def reference_blocks(reference: Any, results: list[CandidateResult]) -> list[Block]:
@@ -21,7 +21,7 @@ def reference_blocks(reference: Any, results: list[CandidateResult]) -> list[Blo
     for row in reference.rows:
         r = ours.get(row.candidate) if row.candidate else None
         measured = ("—" if r is None or math.isnan(r.mean)
-                    else f"{fmt(r.mean * reference.scale, 2)} ({len(r.seeds)} seeds)")
+                    else f"{r.mean * reference.scale:.2f} ({len(r.seeds)} seeds)")
         published = "—" if row.value is None else f"{row.value:.2f}"
         rows.append([row.model, published, row.candidate or "—", measured, row.note])
     blocks: list[Block] = [
