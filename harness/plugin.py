@@ -92,6 +92,7 @@ from harness.nn.blocks import (
     make_mlp,
     make_norm,
 )
+from harness.nn.both_ways import BothWays, reverse_rows
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
@@ -122,7 +123,7 @@ __all__ = [
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
     "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers
-    "Mixer", "LayerCache", "Complexity",
+    "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
     # models: backbone layers, recurrent layers and models

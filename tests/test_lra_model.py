@@ -8,16 +8,16 @@ import torch
 
 import harness
 from harness.data.tasks import PAD, SEP
+from harness.errors import ConfigError
 
 VOCAB = 12
 
 
 def encoder(**params):
     torch.manual_seed(0)
-    defaults = {"d_model": 16, "layers": 2, "heads": 2}
+    defaults = {"d_model": 16, "layers": 2, "heads": 2, "attention": "multi_head", "position": "sinusoidal"}
     return harness.create_model("transformer", batch_format="classification", num_classes=3, vocab_size=VOCAB,
-                                max_length=40, attention="multi_head", position="sinusoidal",
-                                **{**defaults, **params}).eval()
+                                max_length=40, **{**defaults, **params}).eval()
 
 
 def padded(rows):
@@ -93,3 +93,39 @@ def test_two_towers_follow_the_task_unless_the_model_says_otherwise():
     assert not build_model_from(resolve_model(registry, ModelConfig(name="transformer")),
                                 TaskInfo(format="classification", vocab_size=VOCAB, max_length=20,
                                          num_classes=2)).two_tower
+
+
+def test_reverse_rows_reverses_each_rows_real_tokens_only():
+    from harness.nn.both_ways import reverse_rows
+
+    x = torch.arange(10.0).reshape(2, 5, 1)
+    pad = torch.tensor([[False, False, False, True, True], [False] * 5])
+    got = reverse_rows(x, pad)[..., 0].tolist()
+    assert got == [[2.0, 1.0, 0.0, 3.0, 4.0], [9.0, 8.0, 7.0, 6.0, 5.0]]
+    assert torch.equal(reverse_rows(reverse_rows(x, pad), pad), x)
+
+
+@pytest.mark.parametrize("mixer", ["s4d", "mamba"])
+def test_a_causal_mixer_runs_both_ways_in_an_encoder(mixer):
+    from harness.nn.both_ways import BothWays
+
+    model = encoder(mixer=mixer, attention=None, position="none", bidirectional_mixer=True)
+    layer = model.blocks[0].self_attn
+    assert isinstance(layer, BothWays)
+    torch.manual_seed(1)
+    rows = [torch.randn(4, 16), torch.randn(6, 16)]
+    x = torch.zeros(2, 6, 16)
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        x[i, : len(r)], pad[i, : len(r)] = r, False
+    with torch.no_grad():
+        out, _ = layer(x, causal=False, key_padding_mask=pad)
+        for i, r in enumerate(rows):  # the reference: each row alone, unpadded, flipped by hand
+            ahead, _ = layer.ahead(r[None], causal=True)
+            back, _ = layer.back(r.flip(0)[None], causal=True)
+            assert torch.allclose(out[i, : len(r)], (ahead + back.flip(1))[0], atol=1e-5)
+        x2 = x.clone()
+        x2[1, 5] += 1.0  # the last token reaches the first position (the backward copy)
+        assert not torch.allclose(layer(x2, causal=False, key_padding_mask=pad)[0][1, 0], out[1, 0])
+    with pytest.raises(ConfigError, match="bidirectional_mixer"):
+        encoder(mixer=mixer, attention=None, position="none", bidirectional_mixer=True, causal=True)

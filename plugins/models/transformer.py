@@ -22,8 +22,11 @@ default) or ``classifier: mlp`` (Linear -> ReLU -> Linear, width ``ffn_mult * d_
 ``TaskInfo.extra["two_tower"]``, which ``lra_retrieval`` sets) reads each input as
 ``doc1 SEP doc2``, encodes both documents separately with the same weights, pools each to u
 and v and classifies ``[u, v, u * v, u - v]`` (LRA's dual encoder with its "NLI"
-interaction; its MLP has two hidden layers, ``ffn_mult * d_model`` and half that). For tagging
-tasks the model is an encoder with one label per token. Both are bidirectional unless
+interaction; its MLP has two hidden layers, ``ffn_mult * d_model`` and half that).
+``bidirectional_mixer: true`` lets an encoder use a causal-only mixer (S4D, Mamba, ...): two
+copies read each row left to right and right to left, their outputs summed (S4's
+bidirectional layers on LRA). For tagging tasks the model is an encoder with one label per
+token. Both are bidirectional unless
 ``causal: true`` (a left-to-right tagger, or a causal-only mixer). ``causal: false`` is
 rejected for ``lm`` tasks: their targets are the inputs shifted by one, so a bidirectional
 model would read each answer from the next input.
@@ -43,6 +46,7 @@ from torch import nn
 from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
     PAD,
     SEP,
+    BothWays,
     Choice,
     FloatRange,
     Ge,
@@ -81,6 +85,8 @@ class TransformerConfig:
     pool: Literal["mean", "cls"] = "mean"
     classifier: Literal["linear", "mlp"] = "linear"
     two_tower: bool | None = None  # None: as the task asks (TaskInfo.extra["two_tower"])
+    # encoders: run a causal-only mixer both ways (two copies, outputs summed), as S4 on LRA
+    bidirectional_mixer: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.heads:
@@ -106,6 +112,10 @@ class Transformer(nn.Module):
                 "(lm targets are the inputs shifted by one); keep causal attention for lm tasks"
             )
         self.causal = (not encoder) if cfg.causal is None else cfg.causal
+        if cfg.bidirectional_mixer and self.causal:
+            raise ValueError("bidirectional_mixer runs a mixer both ways, which an encoder allows and a "
+                             "causal model does not; drop it or set causal: false on a classification task")
+        self.both_ways = cfg.bidirectional_mixer
         # unit-scale entries, as a lookup of the (scaled) token embedding gives
         self.cls = nn.Parameter(torch.randn(d)) if self.classify and cfg.pool == "cls" else None
         self.two_tower = self.classify and bool(task.extra.get("two_tower") if cfg.two_tower is None
@@ -135,6 +145,8 @@ class Transformer(nn.Module):
 
     def _layer(self, factory: Any, kind: str, d: int, heads: int) -> nn.Module:
         layer = factory(d, heads)
+        if kind == "mixer" and self.both_ways and "bidirectional" not in layer.directions:
+            layer = BothWays(layer, factory(d, heads))
         direction = "causal" if self.causal else "bidirectional"
         if direction not in layer.directions:
             fix = ("set model.params.causal: true (a causal encoder)" if self.causal is False
