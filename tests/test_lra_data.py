@@ -145,3 +145,18 @@ def test_retrieval_trains_two_towers_end_to_end(tmp_path, registry):
            "tracking": {"experiment": "lra"}}
     result = harness.train(cfg, registry=registry)
     assert result.status == "FINISHED" and 0.0 <= result.metrics["val/acc"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["lra_text", "lra_retrieval", "lra_image"])
+def test_the_conformance_kit_passes_with_data_present(name, tmp_path):
+    from harness.testing import TaskChecks, run_checks
+
+    folder = {"lra_text": lambda: make_imdb(tmp_path, {(s, p): [f"{s} {p} {i}" for i in range(3)]
+                                                       for s in ("train", "test") for p in ("pos", "neg")}),
+              "lra_retrieval": lambda: make_aan(tmp_path / "tsv", {s: [("1", f"{s}a", "b"), ("0", "c", f"{s}d")] * 3
+                                                                   for s in ("train", "val", "test")}),
+              "lra_image": lambda: make_cifar(tmp_path / "c", 3, np.random.default_rng(0)) and tmp_path / "c"}[name]()
+    checks = type("Checks", (TaskChecks,), {"plugin": name, "params": {"data_dir": str(folder)}})
+    outcomes = {o.check: o.status for o in run_checks(checks)}
+    assert "FAIL" not in outcomes.values(), outcomes
+    assert outcomes["seeds_differ"] == "exempt" and outcomes["vocabulary"] == "pass"

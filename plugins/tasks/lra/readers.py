@@ -37,6 +37,9 @@ CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILE = "test_batch.bin"
 AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv",
              "test": "new_aan_pairs.test.tsv"}
+#: why the seed does not change a real-data task's examples (an exemption from that check)
+SAME_DATA = ("the examples are the researcher's copy of a released dataset, the same for every "
+             "seed: the seed changes the model's initialisation and the batch order")
 #: ITU-R BT.601 luma, the weights of ``tf.image.rgb_to_grayscale`` that LRA applies
 LUMA = (0.2989, 0.5870, 0.1140)
 
