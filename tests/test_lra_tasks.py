@@ -92,9 +92,21 @@ def test_listops_samples_trees_as_lras_generator_does():
 
 
 def test_listops_is_deterministic_and_seeds_differ():
+    """Drawn afresh (``_generate``: past the per-process memo, which would hide a difference)."""
     cfg = ListOpsConfig(length=100, min_length=20, num_train=20, num_val=5)
-    a, b, c = (ListOpsTask(cfg, seed=s).examples("train", 100) for s in (0, 0, 1))
+    a, b, c = (ListOpsTask(cfg, seed=s)._generate("train", 100) for s in (0, 0, 1))
     assert a == b and a != c
+
+
+def test_a_worker_draws_each_generated_split_once():
+    cfg = ListOpsConfig(length=100, min_length=20, num_train=20, num_val=5)
+    first = ListOpsTask(cfg, seed=11).examples("train", 100)
+    assert ListOpsTask(cfg, seed=11).examples("train", 100) is first  # a later run in the process
+    assert ListOpsTask(cfg, seed=12).examples("train", 100) != first
+    other = ListOpsConfig(length=100, min_length=21, num_train=20, num_val=5)
+    assert ListOpsTask(other, seed=11).examples("train", 100) is not first  # any field is in the key
+    pf = PathfinderConfig(num_train=4, num_val=2)
+    assert PathfinderTask(pf, seed=2).examples("val", 1024) is PathfinderTask(pf, seed=2).examples("val", 1024)
 
 
 def test_listops_refuses_bounds_it_cannot_meet():
@@ -165,7 +177,7 @@ def test_pathfinder_balance_determinism_and_splits():
     task = PathfinderTask(cfg, seed=0)
     train, val = task.examples("train", 1024), task.examples("val", 1024)
     assert sum(e["label"] for e in train) == 25 and sum(e["label"] for e in val) == 10
-    assert train == PathfinderTask(cfg, seed=0).examples("train", 1024)
+    assert train == PathfinderTask(cfg, seed=0)._generate("train", 1024)  # drawn afresh: deterministic
     assert train != PathfinderTask(cfg, seed=1).examples("train", 1024)
     assert not {tuple(e["tokens"]) for e in train} & {tuple(e["tokens"]) for e in val}
 

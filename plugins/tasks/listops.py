@@ -40,6 +40,8 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from harness_plugins.tasks.lra import memo
+
 from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -133,6 +135,9 @@ class ListOpsTask(Task):
         return (tree.tokens, value) if len(tree.tokens) >= self.config.min_length else None
 
     def generate(self, split: str, length: int) -> list[Example]:
+        return memo.split(self, split, length, lambda: self._generate(split, length))
+
+    def _generate(self, split: str, length: int) -> list[Example]:
         rng = random.Random(self.split_seed(split, length))
         seen: set[tuple[int, ...]] = set()
         earlier = {"train": (), "val": ("train",), "test": ("train", "val")}[split]

@@ -55,6 +55,8 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from harness_plugins.tasks.lra import memo
+
 from harness.plugin import (
     Choice,
     Example,
@@ -135,6 +137,9 @@ class PathfinderTask(Task):
                          num_classes=2)
 
     def generate(self, split: str, length: int) -> list[Example]:
+        return memo.split(self, split, length, lambda: self._generate(split, length))
+
+    def _generate(self, split: str, length: int) -> list[Example]:
         rng = random.Random(self.split_seed(split, length))
         n = self.split_size(split)
         labels = [i % 2 for i in range(n)]

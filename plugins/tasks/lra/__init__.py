@@ -1,2 +1,3 @@
-"""Shared by the Long Range Arena's real-data tasks (``lra_text``, ``lra_retrieval``,
-``lra_image``): the readers of each dataset's release (:mod:`.readers`)."""
+"""Shared by the Long Range Arena's tasks: the readers of each dataset's release for
+``lra_text``, ``lra_retrieval`` and ``lra_image`` (:mod:`.readers`), and the per-process
+memo of generated splits for ``listops`` and ``pathfinder`` (:mod:`.memo`)."""
