@@ -112,8 +112,8 @@ def test_a_worker_draws_each_generated_split_once():
 def test_listops_refuses_bounds_it_cannot_meet():
     with pytest.raises(ValueError, match="min_length"):
         ListOpsConfig(length=100, min_length=200)
-    task = ListOpsTask(ListOpsConfig(length=3, min_length=2, max_args=2, num_train=50), seed=0)
-    with pytest.raises(ValueError, match="distinct train trees"):  # only 10 trees of 1-3 tokens
+    task = ListOpsTask(ListOpsConfig(length=3, min_length=2, max_args=2, num_train=3), seed=0)
+    with pytest.raises(ValueError, match="only 0 of 3 distinct train trees"):  # none has 2-3 tokens
         task.examples("train", 3)
 
 

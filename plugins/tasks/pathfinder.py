@@ -16,8 +16,8 @@ free angles, so that the label is decidable from the drawn pixels (the test chec
   the walk. Between dashes the direction turns by 45 degrees with probability ``turn_p``
   (either way, equally; LRA's generator's ``continuity`` bounds the turn angle instead).
 * Every image has two contours of ``contour_length`` dashes and ``num_distractors``
-  distractor contours of ``distractor_length`` dashes (LRA's Pathfinder-32: 14 dashes, four
-  distractors of 14 // 3 = 4 dashes... see the table below). The two markers are small squares
+  distractor contours of ``distractor_length`` dashes (LRA's Pathfinder-32: 14 dashes, and
+  20 // 4 = 5 distractors of 14 // 3 = 4 dashes; see the table below). The two markers are small squares
   (side ``2 * marker_radius + 1``) on contour ends: both ends of the first contour (label 1) or
   one end of each contour (label 0), so both classes have the same ink. The two ends of a
   contour are far enough apart that their markers neither touch nor link directly.
@@ -39,7 +39,7 @@ sets use 6 and 9; Path-X is 128x128 at 14, with longer dashes and wider gaps):
     contour_length          14         6 / 9 / 14       14
     paddle_length           2          2                5
     gap                     1          1                2
-    num_distractors         4          4 (20 // 4)      8
+    num_distractors         5          5 (20 // 4)      8
     distractor_length       4          4 (14 // 3)      4
     marker_radius           1          1                2
     ======================  =========  ===============  ==================
@@ -84,7 +84,7 @@ class PathfinderConfig(TaskConfig):
     paddle_length: Annotated[int, Ge(1), Le(16)] = 2  # pixels per dash
     gap: Annotated[int, Ge(1), Le(8)] = 1  # background pixels between dashes
     turn_p: Annotated[float, Ge(0.0), Le(1.0), FloatRange(0.0, 0.6)] = 0.3  # chance of a 45-degree turn
-    num_distractors: Annotated[int, Ge(0), IntRange(0, 12)] = 4
+    num_distractors: Annotated[int, Ge(0), IntRange(0, 12)] = 5
     distractor_length: Annotated[int, Ge(1), Le(20)] = 4  # dashes per distractor
     marker_radius: Annotated[int, Ge(0), Le(8)] = 1  # marker square side: 2 * radius + 1
     levels: Annotated[int, Ge(2), Le(256)] = 256  # grey levels of the tokens
@@ -191,8 +191,15 @@ class PathfinderTask(Task):
         (first and last are its ends), or None when no start worked."""
         cfg, side = self.config, canvas.side
         r = cfg.marker_radius if markers else 0
+        free: list[int] | None = None  # the free pixels, listed once a random one is hard to hit
         for _ in range(WALK_TRIES):
-            y, x = rng.randrange(side), rng.randrange(side)
+            at = next((p for p in (rng.randrange(side * side) for _ in range(8)) if not canvas.blocked[p]), None)
+            if at is None:
+                free = free if free is not None else [i for i, b in enumerate(canvas.blocked) if not b]
+                if not free:
+                    return None
+                at = rng.choice(free)
+            y, x = divmod(at, side)
             d = rng.randrange(8)
             cells: list[tuple[int, int]] = []
             ok = True
