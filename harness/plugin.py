@@ -57,6 +57,21 @@ from __future__ import annotations
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
 from harness.data.formats import as_lm
+from harness.data.labelled import (
+    SPLITS,
+    LabelledConfig,
+    LazyExamples,
+    TokenColumn,
+    empty_split_error,
+    keep_smallest_hashes,
+    key_fraction,
+    note_truncated,
+    stream_splits,
+    tokenizer_for,
+    train_texts,
+    vocab_of,
+    where,
+)
 from harness.data.tasks import (
     BOS,
     EOS,
@@ -131,4 +146,8 @@ __all__ = [
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
     "greedy", "greedy_steps", "edit_distance",
+    # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
+    "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "stream_splits", "train_texts",
+    "tokenizer_for", "vocab_of", "key_fraction", "keep_smallest_hashes", "note_truncated",
+    "empty_split_error", "where",
 ]

@@ -130,6 +130,19 @@ class Task:
         rate go here.)"""
         return {}
 
+    def statistics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat, logits: Any) -> dict[str, float]:
+        """Counts from one validation batch (``logits``: the model's output on it), summed over
+        the whole validation set and over devices, then turned into metrics by
+        :meth:`metrics_from_statistics`: for metrics that are not a ratio of two sums
+        (macro-F1 from per-class counts, chrF and BLEU from n-gram counts). Every batch must
+        return the same names (devices sum them name by name). Default: none."""
+        return {}
+
+    def metrics_from_statistics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Metrics from the :meth:`statistics` summed over a validation set (empty when the
+        task has none). Default: none."""
+        return {}
+
 
 @dataclass
 class TaskInfo:
