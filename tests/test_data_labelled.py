@@ -45,7 +45,7 @@ def reviews(n: int, seed: int = 0, labels: tuple[str, ...] = ("ham", "spam", "ne
     rows = []
     for i in range(n):
         label = labels[i % len(labels)]
-        words = [rng.choice(WORDS[label]) for _ in range(rng.randint(2, 6))]
+        words = [rng.choice(WORDS[label]) for _ in range(rng.randint(1, 3))]  # at most 24 bytes
         rows.append({"text": f"{' '.join(words)} #{i}", "label": label})
     return rows
 
@@ -227,7 +227,7 @@ def test_text_classification_trains_and_logs_the_macro_f1_of_its_predictions(tmp
     m = result.metrics
     for key in ("val/acc", "val/macro_f1", "val/macro_f1_len16", "val/macro_f1_len32"):
         assert 0.0 <= m[key] <= 1.0, key
-    assert m["val/macro_f1"] == pytest.approx(probe.value, abs=1e-9)
+    assert m["val/macro_f1"] == pytest.approx(probe.value, rel=1e-6)  # Lightning logs float32
 
 
 @pytest.mark.slow
@@ -235,12 +235,14 @@ def test_seq2seq_pairs_trains_and_logs_the_chrf_of_its_greedy_outputs(tmp_path, 
     train = write_jsonl(tmp_path / "train.jsonl", pairs(64))
     probe = Predictions(chrf_reference)
     task = {"name": "seq2seq_pairs", "params": {"train": str(train), "val_fraction": 0.3, "length": 8}}
-    result = harness.train({"task": task, "model": ENCODER_DECODER, "train": TINY_TRAIN,
+    steps = {**TINY_TRAIN, "max_steps": 40, "val_every": 40, "lr": 1e-2}  # enough to emit some right characters
+    result = harness.train({"task": task, "model": ENCODER_DECODER, "train": steps,
                             "tracking": {"experiment": "labelled"}}, registry=registry, callbacks=[probe])
     m = result.metrics
     assert result.status == "FINISHED"
     assert 0.0 <= m["val/exact_match"] <= 1.0 and 0.0 <= m["val/bleu"] <= 100.0
-    assert m["val/chrf"] == pytest.approx(probe.value, abs=1e-9)
+    assert probe.value > 0, "the model emits no right character: the check below would be vacuous"
+    assert m["val/chrf"] == pytest.approx(probe.value, rel=1e-6)  # Lightning logs float32
 
 
 # -- bad input: exit 2, one paragraph, no traceback --------------------------------------------

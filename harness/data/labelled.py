@@ -20,8 +20,12 @@ kept (1 M records of 128 tokens: about 0.5 GB); the training run then collates t
 split into padded int64 tensors (8 bytes a position). Texts longer than the longest length
 evaluated are truncated when read (and counted), so nothing past it is stored.
 
-**Tokens.** The tokenizer's ids are used as they are: its ids 0-3 are the harness's
-specials (PAD, BOS, EOS, SEP), so it never emits them for text.
+**Tokens.** The tokenizer's ids are used as they are: every tokenizer of
+:mod:`harness.data.tokenizers` keeps the harness's specials at ids 0-3 (PAD, BOS, EOS, SEP)
+and never emits them for text.
+
+**Bytes that are not UTF-8** are replaced by U+FFFD when read (the readers' policy) and
+counted: a warning names each file with replaced bytes.
 """
 
 from __future__ import annotations
@@ -160,21 +164,25 @@ class LazyExamples(Sequence[dict[str, Any]]):
     __hash__ = None  # type: ignore[assignment]
 
 
-def records(path: str, fields: Sequence[str]) -> Iterator[Any]:
+def records(path: str, fields: Sequence[str], stats: Any = None) -> Iterator[Any]:
     """The records of ``path`` (files, folders or globs) with ``fields``, as a stream of
-    :class:`harness.data.readers.Record` (errors: :class:`ConfigError` naming file and line)."""
-    from harness.data.readers import iter_records, resolve_sources
+    :class:`harness.data.readers.Record` (errors: :class:`ConfigError` naming file and line);
+    ``stats``: a :class:`harness.data.readers.ReadStats` that counts replaced bytes."""
+    from harness.data.readers import iter_records
 
-    return iter_records(resolve_sources([path]), list(fields))
+    return iter_records([path], list(fields), stats)
 
 
 def stream_splits(config: LabelledConfig, fields: Sequence[str], key_field: str) -> Iterator[tuple[str, Any]]:
     """``(split, record)`` for every record: the training source's records, each in the split
     its key's hash gives, then the records of the val and test files (where given). A record
     whose key field is empty is an error naming its file and line."""
+    from harness.data.readers import ReadStats
+
     sources = [("train", config.train)] + [(s, getattr(config, s)) for s in ("val", "test") if getattr(config, s)]
+    stats = ReadStats()
     for given, path in sources:
-        for record in records(path, fields):
+        for record in records(path, fields, stats):
             key = record.values[key_field]
             if not key.strip():
                 raise ConfigError(
@@ -182,6 +190,11 @@ def stream_splits(config: LabelledConfig, fields: Sequence[str], key_field: str)
                     f"every record needs a text there. Remove the record or fill the field."
                 )
             yield (split_of(key, config) if given == "train" else given), record
+    bad = {f: n for f, n in stats.replaced.items() if n}
+    if bad:
+        warnings.warn(
+            "bytes that are not UTF-8 were replaced by U+FFFD (the readers' policy): "
+            + ", ".join(f"{n} in {f}" for f, n in bad.items()), UserWarning, stacklevel=2)
 
 
 def train_texts(config: LabelledConfig, fields: Sequence[str], key_field: str,
@@ -213,12 +226,12 @@ def vocab_of(tokenizer: Any) -> Vocab:
     return Vocab(tuple(f"<{i}>" for i in range(4, int(tokenizer.vocab_size))))
 
 
-def keep_smallest_hashes(keys: Sequence[str], cap: int) -> list[int]:
-    """Indices of the ``cap`` keys with the smallest hashes, in their original order."""
-    if len(keys) <= cap:
-        return list(range(len(keys)))
-    ranked = sorted(range(len(keys)), key=lambda i: (key_fraction(keys[i]), i))[:cap]
-    return sorted(ranked)
+def keep_smallest_hashes(hashes: Sequence[float], cap: int) -> list[int]:
+    """Indices of the ``cap`` records with the smallest hashes (:func:`key_fraction` of
+    their keys), in their original order."""
+    if len(hashes) <= cap:
+        return list(range(len(hashes)))
+    return sorted(sorted(range(len(hashes)), key=lambda i: (hashes[i], i))[:cap])
 
 
 def note_truncated(what: str, counts: dict[str, int], totals: dict[str, int], limit: str) -> None:

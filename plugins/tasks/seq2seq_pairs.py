@@ -29,7 +29,6 @@ from typing import Annotated, Any
 
 from harness.plugin import (
     EOS,
-    SEP,
     SPLITS,
     Example,
     Ge,
@@ -77,7 +76,7 @@ class Seq2SeqPairsTask(Task):
         keep = config.longest
         src = {s: TokenColumn() for s in SPLITS}
         tgt = {s: TokenColumn() for s in SPLITS}
-        keys: dict[str, list[float]] = {s: [] for s in SPLITS}
+        keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
         long_src, long_tgt = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
         for split, record in stream_splits(config, fields, config.source_field):
             source = self.tokenizer.encode(record.values[config.source_field])
@@ -112,8 +111,8 @@ class Seq2SeqPairsTask(Task):
         return {"src": self.src[split].row(i, length), "tgt": self.tgt[split].row(i) + [EOS]}
 
     def text(self, ids: list[int]) -> str:
-        """Token ids as text (the specials, ids 0-3, dropped)."""
-        return str(self.tokenizer.decode([t for t in ids if t > SEP]))
+        """Token ids as text (the tokenizer drops special ids)."""
+        return str(self.tokenizer.decode(ids))
 
     def statistics(self, model: Any, batch: dict[str, Any], fmt: Any, logits: Any) -> dict[str, float]:
         """Exact matches and sacrebleu's chrF and BLEU sentence statistics, summed."""

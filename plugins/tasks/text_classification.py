@@ -67,7 +67,7 @@ class TextClassificationTask(Task):
         keep = config.longest
         tokens = {s: TokenColumn() for s in SPLITS}
         raw: dict[str, list[str]] = {s: [] for s in SPLITS}
-        keys: dict[str, list[float]] = {s: [] for s in SPLITS}
+        keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
         first_seen: dict[tuple[str, str], str] = {}  # (split, label) -> where it first occurs
         truncated = dict.fromkeys(SPLITS, 0)
         for split, record in stream_splits(config, fields, config.text_field):
