@@ -15,7 +15,8 @@ prepared. Nothing is unpickled: JSON and raw arrays only.
 
 **Windows across ranks.** :func:`window_starts` draws a training step's windows: every rank
 seeds the same generator with ``(seed, step)``, draws ``world * batch_size`` distinct start
-offsets, and takes every ``world``-th one from its ``rank``. The ranks of one step thus read
+offsets (uniform over the split's stream, repeats redrawn), and takes every ``world``-th
+one from its ``rank``. The ranks of one step thus read
 disjoint windows, need no communication, and a step's windows do not depend on how many
 steps came before (a resumed run draws the same ones). The same holds across machines:
 ``rank`` and ``world`` are the global ones.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -185,7 +187,7 @@ def open_corpus(path: str | Path) -> PreparedCorpus:
     return PreparedCorpus(path)
 
 
-def window_starts(num_tokens: int, length: int, batch_size: int, *, seed: int, step: int,
+def window_starts(num_tokens: int, length: int, batch_size: int, *, seed: int | Sequence[int], step: int,
                   rank: int = 0, world: int = 1) -> np.ndarray:
     """This rank's start offsets of the ``batch_size`` windows of ``length + 1`` tokens it
     reads at ``step`` (see the module: the ranks of one step read disjoint windows)."""
@@ -196,7 +198,7 @@ def window_starts(num_tokens: int, length: int, batch_size: int, *, seed: int, s
             f"the train split has {num_tokens} tokens: too few for {need} distinct windows of "
             f"{length + 1} tokens per step ({world} process(es) x batch {batch_size}). Lower the "
             f"length or batch size, or prepare more text.")
-    rng = np.random.default_rng([seed, step])
+    rng = np.random.default_rng([*([seed] if isinstance(seed, int) else seed), step])
     starts = rng.integers(0, positions, size=need)
     while True:  # redraw repeats: every window of the step distinct
         unique, first = np.unique(starts, return_index=True)

@@ -397,6 +397,8 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
            chunk_bytes: int, on_chunk: Callable[[int], None] | None) -> dict[str, Any]:
     compressed = any(p.suffix.lower() in COMPRESSED for p in files)
     total = None if compressed else sum(d["size"] for d in digests)
+    if workers is None and sum(d["size"] for d in digests) < 4 * chunk_bytes:
+        workers = 1  # a few chunks: starting processes would cost more than it saves
     train_texts = None
     learn = Progress(total, show, "learning the tokenizer:")
     if parse_spec(spec)[0] in ("chars", "bpe"):
