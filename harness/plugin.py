@@ -64,6 +64,7 @@ from harness.data.labelled import (
     LazyExamples,
     TokenColumn,
     empty_split_error,
+    encoded,
     keep_smallest_hashes,
     key_fraction,
     note_truncated,
@@ -153,6 +154,6 @@ __all__ = [
     "greedy", "greedy_steps", "edit_distance",
     # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
     "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "stream_splits", "train_texts",
-    "tokenizer_for", "vocab_of", "key_fraction", "keep_smallest_hashes", "note_truncated",
+    "tokenizer_for", "vocab_of", "encoded", "key_fraction", "keep_smallest_hashes", "note_truncated",
     "empty_split_error", "where",
 ]

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, overload
 
+import numpy as np
 from annotated_types import Ge, Lt
 
 from harness.data.tasks import TaskConfig, Vocab
@@ -92,9 +93,9 @@ def key_fraction(key: str) -> float:
     return int(hashlib.sha1(key.encode("utf-8")).hexdigest()[:12], 16) / 16**12
 
 
-def split_of(key: str, config: LabelledConfig) -> str | None:
-    """The split a record of the training file belongs to by its key's hash (None: a split
-    given by its own file, which takes no records from train)."""
+def split_of(key: str, config: LabelledConfig) -> str:
+    """The split a record of the training source belongs to by its key's hash (a split given
+    by its own file takes no records from train)."""
     x = key_fraction(key)
     val = 0.0 if config.val else config.val_fraction
     test = 0.0 if config.test else config.test_fraction
@@ -110,7 +111,10 @@ class TokenColumn:
         self.offsets = array("q", [0])
 
     def append(self, ids: Iterable[int]) -> None:
-        self.ids.extend(ids)
+        if isinstance(ids, np.ndarray):
+            self.ids.frombytes(ids.astype(np.uint32).tobytes())
+        else:
+            self.ids.extend(ids)
         self.offsets.append(len(self.ids))
 
     def __len__(self) -> int:
@@ -195,6 +199,27 @@ def stream_splits(config: LabelledConfig, fields: Sequence[str], key_field: str)
         warnings.warn(
             "bytes that are not UTF-8 were replaced by U+FFFD (the readers' policy): "
             + ", ".join(f"{n} in {f}" for f, n in bad.items()), UserWarning, stacklevel=2)
+
+
+def encoded(tokenizer: Any, stream: Iterable[tuple[str, Any]], fields: Sequence[str],
+            chunk: int = 1024) -> Iterator[tuple[str, Any, list[Any]]]:
+    """``(split, record, ids)`` for each record of ``stream``: ``ids`` holds the token ids
+    (integer arrays) of each of ``fields``, encoded ``chunk`` records at a time
+    (``Tokenizer.encode_batch``: one call into a Hugging Face tokenizer per chunk)."""
+    batch: list[tuple[str, Any]] = []
+
+    def flush() -> Iterator[tuple[str, Any, list[Any]]]:
+        columns = [tokenizer.encode_batch([r.values[f] for _, r in batch]) for f in fields]
+        for i, (split, record) in enumerate(batch):
+            yield split, record, [column[i] for column in columns]
+        batch.clear()
+
+    for item in stream:
+        batch.append(item)
+        if len(batch) == chunk:
+            yield from flush()
+    if batch:
+        yield from flush()
 
 
 def train_texts(config: LabelledConfig, fields: Sequence[str], key_field: str,

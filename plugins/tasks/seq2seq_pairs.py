@@ -38,6 +38,7 @@ from harness.plugin import (
     TaskSpec,
     TokenColumn,
     empty_split_error,
+    encoded,
     greedy,
     hookimpl,
     keep_smallest_hashes,
@@ -78,9 +79,8 @@ class Seq2SeqPairsTask(Task):
         tgt = {s: TokenColumn() for s in SPLITS}
         keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
         long_src, long_tgt = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
-        for split, record in stream_splits(config, fields, config.source_field):
-            source = self.tokenizer.encode(record.values[config.source_field])
-            target = self.tokenizer.encode(record.values[config.target_field])
+        stream = stream_splits(config, fields, config.source_field)
+        for split, record, (source, target) in encoded(self.tokenizer, stream, fields):
             long_src[split] += len(source) > config.length
             long_tgt[split] += len(target) > config.target_length
             src[split].append(source[:keep])

@@ -36,6 +36,7 @@ from harness.plugin import (
     TaskSpec,
     TokenColumn,
     empty_split_error,
+    encoded,
     hookimpl,
     keep_smallest_hashes,
     key_fraction,
@@ -66,19 +67,21 @@ class TextClassificationTask(Task):
         self.tokenizer = tokenizer_for(config, train_texts(config, fields, config.text_field, fields[:1]))
         keep = config.longest
         tokens = {s: TokenColumn() for s in SPLITS}
-        raw: dict[str, list[str]] = {s: [] for s in SPLITS}
+        seen: dict[str, int] = {}  # label -> its number in order of appearance
+        raw = {s: array("i") for s in SPLITS}  # per record, the number of its label
         keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
         first_seen: dict[tuple[str, str], str] = {}  # (split, label) -> where it first occurs
         truncated = dict.fromkeys(SPLITS, 0)
-        for split, record in stream_splits(config, fields, config.text_field):
+        stream = stream_splits(config, fields, config.text_field)
+        for split, record, (ids,) in encoded(self.tokenizer, stream, fields[:1]):
             text, label = record.values[config.text_field], record.values[config.label_field]
-            ids = self.tokenizer.encode(text)
             truncated[split] += len(ids) > config.length
             tokens[split].append(ids[:keep])
-            raw[split].append(label)
+            raw[split].append(seen.setdefault(label, len(seen)))
             keys[split].append(key_fraction(text))
             first_seen.setdefault((split, label), where(record))
-        self.classes = tuple(sorted(set(raw["train"])))
+        labels = list(seen)
+        self.classes = tuple(sorted({labels[i] for i in raw["train"]}))
         if len(self.classes) < 2:
             raise ConfigError(
                 f"task.params.train: the training records have {len(self.classes)} distinct "
@@ -87,7 +90,7 @@ class TextClassificationTask(Task):
             )
         index = {c: i for i, c in enumerate(self.classes)}
         for split in ("val", "test"):
-            unseen = [lab for lab in dict.fromkeys(raw[split]) if lab not in index]
+            unseen = [labels[i] for i in dict.fromkeys(raw[split]) if labels[i] not in index]
             if unseen:
                 lab = unseen[0]
                 raise ConfigError(
@@ -101,10 +104,11 @@ class TextClassificationTask(Task):
         caps = {"train": config.num_train, "val": config.num_val, "test": config.num_val}
         self.tokens: dict[str, TokenColumn] = {}
         self.labels: dict[str, array[int]] = {}
+        number = [index.get(label, -1) for label in labels]  # appearance -> class (-1: refused above)
         for split in SPLITS:
             rows = keep_smallest_hashes(keys[split], caps[split])
             self.tokens[split] = tokens[split] if len(rows) == len(tokens[split]) else tokens[split].take(rows)
-            self.labels[split] = array("i", (index[raw[split][i]] for i in rows))
+            self.labels[split] = array("i", (number[raw[split][i]] for i in rows))
         if not len(self.tokens["val"]):
             raise empty_split_error("val", config)
         note_truncated("text_classification", truncated, {s: len(raw[s]) for s in SPLITS}, str(config.length))
