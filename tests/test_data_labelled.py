@@ -172,6 +172,15 @@ def test_a_cap_keeps_a_hash_sample_not_the_first_lines(tmp_path):
     assert len(full.examples("train", 128)) > 80
 
 
+def test_csv_records_with_numeric_labels(tmp_path):
+    lines = ["id,text,label"] + [f"{i},{'good ' * (1 + i % 3)}film {i},{5 if i % 2 else 1}" for i in range(30)]
+    (tmp_path / "r.csv").write_text("\n".join(lines) + "\n")
+    task = classification({"train": str(tmp_path / "r.csv"), "val_fraction": 0.3})
+    assert task.classes == ("1", "5")
+    every = list(task.examples("train", 128)) + list(task.examples("val", 128))
+    assert sorted(task.classes[e["label"]] for e in every) == sorted(str(5 if i % 2 else 1) for i in range(30))
+
+
 def test_seq2seq_pairs_examples_end_with_eos_and_share_one_tokenizer(tmp_path):
     from harness.plugin import EOS
 
@@ -231,12 +240,13 @@ def test_text_classification_trains_and_logs_the_macro_f1_of_its_predictions(tmp
 
 
 @pytest.mark.slow
-def test_seq2seq_pairs_trains_and_logs_the_chrf_of_its_greedy_outputs(tmp_path, registry):
+@pytest.mark.parametrize("model", [ENCODER_DECODER, ENCODER], ids=["encoder_decoder", "decoder_only"])
+def test_seq2seq_pairs_trains_and_logs_the_chrf_of_its_greedy_outputs(tmp_path, registry, model):
     train = write_jsonl(tmp_path / "train.jsonl", pairs(64))
     probe = Predictions(chrf_reference)
     task = {"name": "seq2seq_pairs", "params": {"train": str(train), "val_fraction": 0.3, "length": 8}}
     steps = {**TINY_TRAIN, "max_steps": 40, "val_every": 40, "lr": 1e-2}  # enough to emit some right characters
-    result = harness.train({"task": task, "model": ENCODER_DECODER, "train": steps,
+    result = harness.train({"task": task, "model": model, "train": steps,
                             "tracking": {"experiment": "labelled"}}, registry=registry, callbacks=[probe])
     m = result.metrics
     assert result.status == "FINISHED"
@@ -314,3 +324,5 @@ def test_a_single_label_and_a_missing_train_file_are_refused(tmp_path, capsys):
     assert "at least two" in err and "label" in err
     err = cli_error(capsys, "text_classification")
     assert "task.params.train" in err
+    err = cli_error(capsys, "text_classification", train=tmp_path / "nowhere.jsonl")
+    assert "nowhere.jsonl" in err and "does not exist" in err
