@@ -13,7 +13,9 @@ writes the folder.
 * **Streaming, bounded memory**: records are cut into chunks of about ``chunk_bytes`` of
   text and tokenised by ``workers`` processes (spawned; each gets the tokenizer's JSON),
   with at most two chunks per worker in flight; results are appended to the shard files in
-  order. Memory depends on the chunk size and the worker count, not on the corpus.
+  order. Memory depends on the chunk size and the worker count, not on the corpus. By
+  default ``bpe`` and tokenizer files use every usable core, ``bytes`` and ``chars`` one
+  process (they encode faster than a chunk is shipped to a worker and back).
 * **Atomic**: everything is written into ``.<name>.partial-<pid>`` beside the output folder,
   ``manifest.json`` last, then renamed to the output. An interrupted run (Ctrl-C, SIGKILL)
   leaves at most a partial folder, which no task accepts (its name differs and it has no
@@ -440,7 +442,10 @@ def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence
     at most two chunks per worker in flight (memory stays bounded)."""
     from harness.threads import usable_cores
 
-    n = workers if workers is not None else usable_cores()
+    # bytes and chars encode faster than a chunk travels to a process and back (measured:
+    # benchmarks/data.md): one process unless asked; the others use every usable core
+    cheap = tok.name in ("bytes", "chars")
+    n = workers if workers is not None else 1 if cheap else usable_cores()
     if n < 1:
         raise ConfigError(f"--workers must be at least 1, got {n}.")
     if n == 1:

@@ -60,7 +60,8 @@ class Tokenizer:
         return [int(i) for i in self.encode_array(text)]
 
     def encode_array(self, text: str) -> np.ndarray:
-        """The ids of ``text`` as an int64 array (the fast path of prepare)."""
+        """The ids of ``text`` as an integer array (the fast path of prepare; its dtype
+        holds ``vocab_size`` ids but is otherwise the tokenizer's choice)."""
         raise NotImplementedError
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -93,7 +94,7 @@ class ByteTokenizer(Tokenizer):
         self.vocab_size = self.OFFSET + 256
 
     def encode_array(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64) + self.OFFSET
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16) + self.OFFSET
 
     def decode(self, ids: Iterable[int]) -> str:
         data = bytes(int(i) - self.OFFSET for i in ids if int(i) >= self.OFFSET)

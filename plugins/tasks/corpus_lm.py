@@ -1,10 +1,11 @@
 """``corpus_lm``: language modelling on a prepared corpus (your own text), streamed from disk.
 
-``path`` is a folder written by ``harness data prepare`` (docs/data.md). With ``source`` the
-task prepares it on first use (``harness data prepare SOURCE --tokenizer TOKENIZER --out
-PATH``; reused while the source is unchanged); ``source: shakespeare`` is the text the project
-ships (``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without
-``path`` the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
+``path`` is a folder written by ``harness data prepare`` (docs/data.md), used as it is. When
+it is not prepared (or not given) and ``source`` names files, the task prepares them on first
+use, as ``harness data prepare SOURCE --tokenizer TOKENIZER --out PATH`` would (reused while
+the source is unchanged); ``source: shakespeare`` is the text the project ships
+(``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without ``path``
+the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
 ``$HARNESS_CACHE_DIR``, else ``~/.cache/harness``); with neither, the task is Shakespeare in
 bytes. ``length`` is in tokens of the corpus's tokenizer.
 
@@ -15,8 +16,9 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
   the processes of a multi-device run read disjoint windows
   (:func:`harness.data.corpus.window_starts`). ``num_train`` is not used.
 * **val / test**: ``eval_tokens`` consecutive tokens of the split, from an offset drawn from
-  the task seed (``train.data_seed``), are scored at *every* evaluation length: the same text
-  for every candidate and every length. Protocols as ``char_lm``: ``windows`` (consecutive
+  the task seed (``train.data_seed``) past the first ``max(eval_lengths)`` tokens, are scored
+  at *every* evaluation length and by both protocols: the same text for every candidate and
+  every length. A split needs ``eval_tokens + 1 + max(eval_lengths)`` tokens. Protocols as ``char_lm``: ``windows`` (consecutive
   windows, all scored) or ``sliding`` (windows advancing by ``score_last``, scoring their last
   ``score_last`` tokens; context before the scored text is read, unscored).
 * **metrics**: loss, perplexity and bits per token (``bpc``), and bits per byte (``bpb``: the
@@ -88,16 +90,21 @@ def _safe(text: str) -> str:
 
 
 def corpus_folder(config: CorpusLMConfig) -> Path:
-    """The prepared folder of a config, prepared first when it names a source."""
-    source = config.source or ("" if config.path else "shakespeare")
-    path = Path(config.path).expanduser() if config.path else \
-        cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
-    if source:
-        if source in SHIPPED:
-            with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
-                prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
-        else:
-            prepare_corpus([source], path, tokenizer=config.tokenizer, progress=False)
+    """The prepared folder of a config: ``path`` as it is when prepared; otherwise prepared
+    (or reused) from ``source`` into ``path`` or the cache folder."""
+    path = Path(config.path).expanduser() if config.path else None
+    if path is not None and (path / "manifest.json").is_file():
+        return path  # prepared (open_corpus validates it); source is not read
+    source = config.source or ("" if path is not None else "shakespeare")
+    if not source:
+        return path  # type: ignore[return-value]  # not prepared: open_corpus says how to
+    if path is None:
+        path = cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
+    if source in SHIPPED:
+        with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
+            prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
+    else:
+        prepare_corpus([source], path, tokenizer=config.tokenizer, progress=False)
     return path
 
 
@@ -128,12 +135,13 @@ class CorpusLMTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
         self.token_bytes = [int(b) for b in tok.token_bytes()]
         self.train = self.corpus.require("train", config.length + 1, f"a training window ({config.length} + 1 tokens)")
-        context = max(self.eval_lengths) - config.score_last if config.eval_protocol == "sliding" else 0
-        self.context = context
+        # room before the scored text for the sliding protocol's context, kept by both
+        # protocols so that they score the same text
+        self.context = context = max(self.eval_lengths)
         for split in ("val", "test"):
             self.corpus.require(split, config.eval_tokens + 1 + context,
-                                f"the scored text (eval_tokens {config.eval_tokens} + 1"
-                                + (f" + {context} tokens of sliding context)" if context else ")"))
+                                f"the scored text (eval_tokens {config.eval_tokens} + 1, after "
+                                f"{context} tokens of room for context)")
 
     def eval_start(self, split: str) -> int:
         """Where the scored text of ``split`` starts: drawn from the task seed, the same at
