@@ -326,3 +326,22 @@ def test_a_single_label_and_a_missing_train_file_are_refused(tmp_path, capsys):
     assert "task.params.train" in err
     err = cli_error(capsys, "text_classification", train=tmp_path / "nowhere.jsonl")
     assert "nowhere.jsonl" in err and "does not exist" in err
+
+
+# -- studies ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("task", "metric"), [("text_classification", "macro_f1"), ("seq2seq_pairs", "chrf"),
+                                              ("seq2seq_pairs", "exact_match")])
+def test_a_study_maximizes_the_labelled_metrics_without_being_told(tmp_path, registry, task, metric):
+    from harness.study.schema import parse_study_config
+    from harness.study.space import validate
+
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data/train.jsonl", reviews(60) if task == "text_classification" else pairs(60))
+
+    model = {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16}}
+    config = parse_study_config({
+        "name": "mine", "task": {"name": task, "params": {"train": "data/train.jsonl"}},
+        "candidates": [{"name": "tf", "model": model}], "objective": {"metric": metric},
+        "budget": {"trials": 1, "steps": 10}})
+    assert config.objective.direction == "maximize"
+    validate(config, registry)  # the study's candidates resolve against the task
