@@ -34,7 +34,7 @@ import hashlib
 import warnings
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, overload
 
 import numpy as np
@@ -54,12 +54,12 @@ class LabelledConfig(TaskConfig):
     length: Annotated[int, Ge(1), IntRange(16, 1024, log=True)] = 128  # tokens read per text; longer texts are truncated (counted)
     num_train: Annotated[int, Ge(1)] = 1_000_000  # at most this many training records (see the caps)
     num_val: Annotated[int, Ge(1)] = 10_000  # at most this many val (and test) records
-    train: str = ""  # the training records: a .jsonl/.json/.csv/.parquet file, a folder or a glob
-    val: str = ""  # validation records; empty: cut val_fraction of train by hash
-    test: str = ""  # test records; empty: cut test_fraction of train by hash (0: no test split)
+    train: str = field(default="", metadata={"doc": "the training records: a .jsonl/.json/.csv/.parquet file, a folder or a glob"})
+    val: str = field(default="", metadata={"doc": "validation records; empty: cut val_fraction of train by hash"})
+    test: str = field(default="", metadata={"doc": "test records; empty: cut test_fraction of train by hash (0: no test split)"})
     val_fraction: Annotated[float, Ge(0.0), Lt(1.0)] = 0.1  # share of train cut for val when val is empty
     test_fraction: Annotated[float, Ge(0.0), Lt(1.0)] = 0.0  # share of train cut for test when test is empty
-    tokenizer: str = "bytes"  # bytes, chars, bpe:VOCAB or the path of a tokenizer.json
+    tokenizer: str = field(default="bytes", metadata={"doc": "bytes, chars, bpe:VOCAB or the path of a tokenizer.json"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,7 +23,7 @@ the source (``val_fraction``, ``test_fraction``). One tokenizer serves sources a
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
 
@@ -57,8 +57,8 @@ CHRF_STATS, BLEU_STATS = 18, 10
 
 @dataclass
 class Seq2SeqPairsConfig(LabelledConfig):
-    source_field: str = "source"  # the records' field holding the input text
-    target_field: str = "target"  # the records' field holding the output text
+    source_field: str = field(default="source", metadata={"doc": "the records' field holding the input text"})
+    target_field: str = field(default="target", metadata={"doc": "the records' field holding the output text"})
     target_length: Annotated[int, Ge(1)] = 128  # target tokens kept (then EOS); longer targets are truncated
     # decode every validation source freely and report exact_match / chrf / bleu (false: skip)
     decode_eval: bool = True

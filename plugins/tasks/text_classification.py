@@ -22,7 +22,7 @@ else cut from ``train`` by a hash of the text (``val_fraction``, ``test_fraction
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -51,8 +51,8 @@ from harness.plugin import (
 
 @dataclass
 class TextClassificationConfig(LabelledConfig):
-    text_field: str = "text"  # the records' field holding the text
-    label_field: str = "label"  # the records' field holding the label
+    text_field: str = field(default="text", metadata={"doc": "the records' field holding the text"})
+    label_field: str = field(default="label", metadata={"doc": "the records' field holding the label"})
 
 
 class TextClassificationTask(Task):
