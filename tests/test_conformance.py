@@ -44,11 +44,6 @@ EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 #: hyper-parameters that exercise a built-in beyond its defaults
 PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("attention", "sliding_window"): {"window": 4, "block": 4},  # the window is shorter than the inputs
-    # tasks on labelled files name their files (tests/data/labelled: small made-up records)
-    ("task", "text_classification"): {"train": str(ROOT / "tests/data/labelled/reviews.jsonl"),
-                                      "val_fraction": 0.25, "length": 16, "eval_lengths": [32]},
-    ("task", "seq2seq_pairs"): {"train": str(ROOT / "tests/data/labelled/pairs.jsonl"),
-                                "val_fraction": 0.25, "tokenizer": "chars", "length": 4, "eval_lengths": [8]},
 }
 
 #: (kind, name, check) -> why a built-in fails it today

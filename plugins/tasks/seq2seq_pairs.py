@@ -25,6 +25,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Any
 
 from harness.plugin import (
@@ -161,7 +162,8 @@ def text_metrics(totals: dict[str, float]) -> dict[str, float]:
 
 @hookimpl
 def harness_register_task(register: Any) -> None:
+    sample = Path(__file__).parent / "data" / "labelled_pairs.jsonl"  # made up: plugins/tasks/data/README.md
     register(TaskSpec(name="seq2seq_pairs", build=Seq2SeqPairsTask, exempt={
         "seeds_differ": "a fixed dataset (your files, split by hash): the task seed changes "
                         "nothing, every seed sees the same pairs",
-    }))
+    }, check_params={"train": str(sample), "val_fraction": 0.25, "tokenizer": "chars", "length": 4, "eval_lengths": [8]}))
