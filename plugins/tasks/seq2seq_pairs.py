@@ -58,6 +58,7 @@ CHRF_STATS, BLEU_STATS = 18, 10
 
 @dataclass
 class Seq2SeqPairsConfig(LabelledConfig):
+    num_val: Annotated[int, Ge(1)] = 1_000  # at most this many val (and test) pairs: each is decoded at every validation
     source_field: str = field(default="source", metadata={"doc": "the records' field holding the input text"})
     target_field: str = field(default="target", metadata={"doc": "the records' field holding the output text"})
     target_length: Annotated[int, Ge(1)] = 128  # target tokens kept (then EOS); longer targets are truncated
