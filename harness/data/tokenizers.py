@@ -186,7 +186,8 @@ class HFTokenizer(Tokenizer):
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64) + self.offset
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encoded = self.tok.encode_batch(list(texts), add_special_tokens=False)
+        batch = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: faster
+        encoded = batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) + self.offset for e in encoded]
 
     def decode(self, ids: Iterable[int]) -> str:
