@@ -7,7 +7,7 @@ docs/data.md, "Labelled data").
 Generates ``--records`` JSONL records of 16 words (about 117 bytes each, 5 labels) in a
 temporary folder, then builds the task in a fresh process per (records, tokenizer), so each
 peak RSS is that build's alone (the process's maximum resident set, the imports included).
-Appends the table to ``benchmarks/labelled_build.md`` with the machine's load.
+Appends the table to ``benchmarks/labelled_build.md`` (``--out``) with the machine's load.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, nargs="+", default=[20_000, 200_000])
     ap.add_argument("--tokenizers", nargs="+", default=["bytes", "chars", "bpe:1000"])
+    ap.add_argument("--out", type=Path, default=HERE / "labelled_build.md", help="the record to append to")
     args = ap.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     load_start = os.getloadavg()
@@ -77,7 +78,7 @@ def main() -> None:
         f"{load_end[0]:.1f} at the end (shared machine).", "",
         "| records | MB | tokenizer | build (s) | tokens stored (M) | peak RSS (MB) |",
         "|---|---|---|---|---|---|", *rows, "", ""])
-    with (HERE / "labelled_build.md").open("a") as f:
+    with args.out.open("a") as f:
         f.write(record)
 
 

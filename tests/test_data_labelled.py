@@ -345,3 +345,17 @@ def test_a_study_maximizes_the_labelled_metrics_without_being_told(tmp_path, reg
         "budget": {"trials": 1, "steps": 10}})
     assert config.objective.direction == "maximize"
     validate(config, registry)  # the study's candidates resolve against the task
+
+
+@pytest.mark.slow
+def test_the_build_benchmark_runs_at_its_smallest_size(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "labelled_build.py"
+    done = subprocess.run([sys.executable, str(script), "--records", "300", "--tokenizers", "bytes",
+                           "--out", str(tmp_path / "b.md")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in (tmp_path / "b.md").read_text().splitlines() if line.startswith("| 300 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "`bytes`" and float(cells[4]) > 0 and float(cells[5]) > 0  # tokens, peak RSS
