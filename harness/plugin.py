@@ -63,6 +63,7 @@ from harness.data.labelled import (
     LabelledConfig,
     LazyExamples,
     TokenColumn,
+    cached_read,
     empty_split_error,
     encoded,
     keep_smallest_hashes,
@@ -153,7 +154,7 @@ __all__ = [
     "open_corpus", "prepare_corpus", "window_starts", "cache_dir",
     "greedy", "greedy_steps", "edit_distance",
     # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
-    "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "stream_splits", "train_texts",
+    "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "cached_read", "stream_splits", "train_texts",
     "tokenizer_for", "vocab_of", "encoded", "key_fraction", "keep_smallest_hashes", "note_truncated",
     "empty_split_error", "where",
 ]

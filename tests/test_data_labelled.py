@@ -181,6 +181,21 @@ def test_csv_records_with_numeric_labels(tmp_path):
     assert sorted(task.classes[e["label"]] for e in every) == sorted(str(5 if i % 2 else 1) for i in range(30))
 
 
+def test_a_second_build_reuses_the_set_until_a_file_changes(tmp_path):
+    import os
+
+    path = write_jsonl(tmp_path / "t.jsonl", reviews(30))
+    first = classification({"train": str(path), "val_fraction": 0.3})
+    again = classification({"train": str(path), "val_fraction": 0.3}, seed=4)  # a study's next trial
+    assert again.tokens is first.tokens and again.tokenizer is first.tokenizer
+    other = classification({"train": str(path), "val_fraction": 0.4})  # another config: read again
+    assert other.tokens is not first.tokens
+    write_jsonl(path, reviews(31))
+    os.utime(path, ns=(1, 1))  # even within one clock tick: the size changed
+    changed = classification({"train": str(path), "val_fraction": 0.3})
+    assert sum(map(len, changed.labels.values())) == 31
+
+
 def test_seq2seq_pairs_examples_end_with_eos_and_share_one_tokenizer(tmp_path):
     from harness.plugin import EOS
 

@@ -24,6 +24,10 @@ evaluated are truncated when read (and counted), so nothing past it is stored.
 :mod:`harness.data.tokenizers` keeps the harness's specials at ids 0-3 (PAD, BOS, EOS, SEP)
 and never emits them for text.
 
+**Reuse.** A study's worker builds the task again for every trial: the last set read is kept
+(:func:`cached_read`, one per process) and reused while the config and every file's size and
+modification time are unchanged.
+
 **Bytes that are not UTF-8** are replaced by U+FFFD when read (the readers' policy) and
 counted: a warning names each file with replaced bytes.
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, overload
 
@@ -166,6 +170,33 @@ class LazyExamples(Sequence[dict[str, Any]]):
         return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # type: ignore[assignment]
+
+
+#: The last labelled set read in this process: (key, what the task read). A study's worker
+#: builds the same task for every trial; the key holds the config and each file's size and
+#: modification time, so a changed file (or config) is read again. One entry: memory holds
+#: at most the set in use.
+_LAST: list[Any] = []
+
+
+def cached_read(config: LabelledConfig, read: Callable[[], Any]) -> Any:
+    """``read()``, or what it returned for the same config and unchanged files earlier in
+    this process (the task is read-only once built, so tasks may share it)."""
+    from harness.data.readers import resolve_sources
+
+    stamps = []
+    for path in (config.train, config.val, config.test):
+        if path:
+            for f in resolve_sources([path]):
+                st = f.stat()
+                stamps.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+    key = (type(config).__qualname__, repr(config), tuple(stamps))
+    if _LAST and _LAST[0] == key:
+        return _LAST[1]
+    _LAST.clear()  # the old set is garbage before the new one is read
+    value = read()
+    _LAST[:] = [key, value]
+    return value
 
 
 def records(path: str, fields: Sequence[str], stats: Any = None) -> Iterator[Any]:

@@ -38,6 +38,7 @@ from harness.plugin import (
     Task,
     TaskSpec,
     TokenColumn,
+    cached_read,
     empty_split_error,
     encoded,
     greedy,
@@ -74,33 +75,7 @@ class Seq2SeqPairsTask(Task):
 
     def __init__(self, config: Seq2SeqPairsConfig, *, seed: int) -> None:
         config.require_train()
-        fields = (config.source_field, config.target_field)
-        self.tokenizer = tokenizer_for(config, train_texts(config, fields, config.source_field, fields))
-        keep = config.longest
-        src = {s: TokenColumn() for s in SPLITS}
-        tgt = {s: TokenColumn() for s in SPLITS}
-        keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
-        long_src, long_tgt = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
-        stream = stream_splits(config, fields, config.source_field)
-        for split, record, (source, target) in encoded(self.tokenizer, stream, fields):
-            long_src[split] += len(source) > config.length
-            long_tgt[split] += len(target) > config.target_length
-            src[split].append(source[:keep])
-            tgt[split].append(target[: config.target_length])
-            keys[split].append(key_fraction(record.values[config.source_field]))
-        caps = {"train": config.num_train, "val": config.num_val, "test": config.num_val}
-        totals = {s: len(src[s]) for s in SPLITS}
-        self.src: dict[str, TokenColumn] = {}
-        self.tgt: dict[str, TokenColumn] = {}
-        for split in SPLITS:
-            rows = keep_smallest_hashes(keys[split], caps[split])
-            whole = len(rows) == len(src[split])
-            self.src[split] = src[split] if whole else src[split].take(rows)
-            self.tgt[split] = tgt[split] if whole else tgt[split].take(rows)
-        if not len(self.src["val"]):
-            raise empty_split_error("val", config)
-        note_truncated("seq2seq_pairs sources", long_src, totals, str(config.length))
-        note_truncated("seq2seq_pairs targets", long_tgt, totals, f"target_length={config.target_length}")
+        self.tokenizer, self.src, self.tgt = cached_read(config, partial(read_pairs, config))
         super().__init__(config, seed=seed, vocab=vocab_of(self.tokenizer))
 
     def split_size(self, split: str) -> int:
@@ -128,6 +103,39 @@ class Seq2SeqPairsTask(Task):
 
     def metrics_from_statistics(self, totals: dict[str, float]) -> dict[str, float]:
         return text_metrics(totals) if totals else {}
+
+
+def read_pairs(config: Seq2SeqPairsConfig) -> tuple[Any, dict[str, TokenColumn], dict[str, TokenColumn]]:
+    """The tokenizer and per split the token columns of sources and targets (see the module
+    docstring)."""
+    fields = (config.source_field, config.target_field)
+    tokenizer = tokenizer_for(config, train_texts(config, fields, config.source_field, fields))
+    keep = config.longest
+    src = {s: TokenColumn() for s in SPLITS}
+    tgt = {s: TokenColumn() for s in SPLITS}
+    keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
+    long_src, long_tgt = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
+    stream = stream_splits(config, fields, config.source_field)
+    for split, record, (source, target) in encoded(tokenizer, stream, fields):
+        long_src[split] += len(source) > config.length
+        long_tgt[split] += len(target) > config.target_length
+        src[split].append(source[:keep])
+        tgt[split].append(target[: config.target_length])
+        keys[split].append(key_fraction(record.values[config.source_field]))
+    caps = {"train": config.num_train, "val": config.num_val, "test": config.num_val}
+    totals = {s: len(src[s]) for s in SPLITS}
+    kept_src: dict[str, TokenColumn] = {}
+    kept_tgt: dict[str, TokenColumn] = {}
+    for split in SPLITS:
+        rows = keep_smallest_hashes(keys[split], caps[split])
+        whole = len(rows) == len(src[split])
+        kept_src[split] = src[split] if whole else src[split].take(rows)
+        kept_tgt[split] = tgt[split] if whole else tgt[split].take(rows)
+    if not len(kept_src["val"]):
+        raise empty_split_error("val", config)
+    note_truncated("seq2seq_pairs sources", long_src, totals, str(config.length))
+    note_truncated("seq2seq_pairs targets", long_tgt, totals, f"target_length={config.target_length}")
+    return tokenizer, kept_src, kept_tgt
 
 
 def text_statistics(hyps: list[str], refs: list[str]) -> dict[str, float]:

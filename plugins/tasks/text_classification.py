@@ -36,6 +36,7 @@ from harness.plugin import (
     Task,
     TaskSpec,
     TokenColumn,
+    cached_read,
     empty_split_error,
     encoded,
     hookimpl,
@@ -64,55 +65,8 @@ class TextClassificationTask(Task):
 
     def __init__(self, config: TextClassificationConfig, *, seed: int) -> None:
         config.require_train()
-        fields = (config.text_field, config.label_field)
-        self.tokenizer = tokenizer_for(config, train_texts(config, fields, config.text_field, fields[:1]))
-        keep = config.longest
-        tokens = {s: TokenColumn() for s in SPLITS}
-        seen: dict[str, int] = {}  # label -> its number in order of appearance
-        raw = {s: array("i") for s in SPLITS}  # per record, the number of its label
-        keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
-        first_seen: dict[tuple[str, str], str] = {}  # (split, label) -> where it first occurs
-        truncated = dict.fromkeys(SPLITS, 0)
-        stream = stream_splits(config, fields, config.text_field)
-        for split, record, (ids,) in encoded(self.tokenizer, stream, fields[:1]):
-            text, label = record.values[config.text_field], record.values[config.label_field]
-            truncated[split] += len(ids) > config.length
-            tokens[split].append(ids[:keep])
-            raw[split].append(seen.setdefault(label, len(seen)))
-            keys[split].append(key_fraction(text))
-            first_seen.setdefault((split, label), where(record))
-        labels = list(seen)
-        self.classes = tuple(sorted({labels[i] for i in raw["train"]}))
-        if len(self.classes) < 2:
-            raise ConfigError(
-                f"task.params.train: the training records have {len(self.classes)} distinct "
-                f"label(s) in field '{config.label_field}' ({', '.join(map(repr, self.classes)) or 'none'}); "
-                f"classification needs at least two. Check label_field or the file."
-            )
-        index = {c: i for i, c in enumerate(self.classes)}
-        for split in ("val", "test"):
-            unseen = [labels[i] for i in dict.fromkeys(raw[split]) if labels[i] not in index]
-            if unseen:
-                lab = unseen[0]
-                raise ConfigError(
-                    f"{first_seen[(split, lab)]}: label {lab!r} (field '{config.label_field}') of a "
-                    f"{split} record never occurs in the training records, so no model can learn "
-                    f"it ({len(unseen)} such label(s) in {split}: {', '.join(map(repr, unseen[:5]))}). "
-                    f"The label set comes from train ({len(self.classes)}: "
-                    f"{', '.join(map(repr, self.classes[:10]))}{' ...' if len(self.classes) > 10 else ''}); "
-                    f"fix the label, drop the record, or add training records with it."
-                )
-        caps = {"train": config.num_train, "val": config.num_val, "test": config.num_val}
-        self.tokens: dict[str, TokenColumn] = {}
-        self.labels: dict[str, array[int]] = {}
-        number = [index.get(label, -1) for label in labels]  # appearance -> class (-1: refused above)
-        for split in SPLITS:
-            rows = keep_smallest_hashes(keys[split], caps[split])
-            self.tokens[split] = tokens[split] if len(rows) == len(tokens[split]) else tokens[split].take(rows)
-            self.labels[split] = array("i", (number[raw[split][i]] for i in rows))
-        if not len(self.tokens["val"]):
-            raise empty_split_error("val", config)
-        note_truncated("text_classification", truncated, {s: len(raw[s]) for s in SPLITS}, str(config.length))
+        read = cached_read(config, partial(read_classification, config))
+        self.tokenizer, self.classes, self.tokens, self.labels = read
         super().__init__(config, seed=seed, vocab=vocab_of(self.tokenizer), num_classes=len(self.classes))
 
     def split_size(self, split: str) -> int:
@@ -145,6 +99,61 @@ class TextClassificationTask(Task):
         return {"macro_f1": macro_f1([totals[f"tp:{c}"] for c in range(n)],
                                      [totals[f"pred:{c}"] for c in range(n)],
                                      [totals[f"gold:{c}"] for c in range(n)])}
+
+
+def read_classification(config: TextClassificationConfig) -> tuple[Any, tuple[str, ...], dict[str, TokenColumn], dict[str, array[int]]]:
+    """The tokenizer, the classes and per split the token columns and class numbers of the
+    records (see the module docstring)."""
+    fields = (config.text_field, config.label_field)
+    tokenizer = tokenizer_for(config, train_texts(config, fields, config.text_field, fields[:1]))
+    keep = config.longest
+    tokens = {s: TokenColumn() for s in SPLITS}
+    seen: dict[str, int] = {}  # label -> its number in order of appearance
+    raw = {s: array("i") for s in SPLITS}  # per record, the number of its label
+    keys = {s: array("d") for s in SPLITS}  # hash fractions of the keys
+    first_seen: dict[tuple[str, str], str] = {}  # (split, label) -> where it first occurs
+    truncated = dict.fromkeys(SPLITS, 0)
+    stream = stream_splits(config, fields, config.text_field)
+    for split, record, (ids,) in encoded(tokenizer, stream, fields[:1]):
+        text, label = record.values[config.text_field], record.values[config.label_field]
+        truncated[split] += len(ids) > config.length
+        tokens[split].append(ids[:keep])
+        raw[split].append(seen.setdefault(label, len(seen)))
+        keys[split].append(key_fraction(text))
+        first_seen.setdefault((split, label), where(record))
+    labels = list(seen)
+    classes = tuple(sorted({labels[i] for i in raw["train"]}))
+    if len(classes) < 2:
+        raise ConfigError(
+            f"task.params.train: the training records have {len(classes)} distinct "
+            f"label(s) in field '{config.label_field}' ({', '.join(map(repr, classes)) or 'none'}); "
+            f"classification needs at least two. Check label_field or the file."
+        )
+    index = {c: i for i, c in enumerate(classes)}
+    for split in ("val", "test"):
+        unseen = [labels[i] for i in dict.fromkeys(raw[split]) if labels[i] not in index]
+        if unseen:
+            lab = unseen[0]
+            raise ConfigError(
+                f"{first_seen[(split, lab)]}: label {lab!r} (field '{config.label_field}') of a "
+                f"{split} record never occurs in the training records, so no model can learn "
+                f"it ({len(unseen)} such label(s) in {split}: {', '.join(map(repr, unseen[:5]))}). "
+                f"The label set comes from train ({len(classes)}: "
+                f"{', '.join(map(repr, classes[:10]))}{' ...' if len(classes) > 10 else ''}); "
+                f"fix the label, drop the record, or add training records with it."
+            )
+    caps = {"train": config.num_train, "val": config.num_val, "test": config.num_val}
+    kept: dict[str, TokenColumn] = {}
+    labels_of: dict[str, array[int]] = {}
+    number = [index.get(label, -1) for label in labels]  # appearance -> class (-1: refused above)
+    for split in SPLITS:
+        rows = keep_smallest_hashes(keys[split], caps[split])
+        kept[split] = tokens[split] if len(rows) == len(tokens[split]) else tokens[split].take(rows)
+        labels_of[split] = array("i", (number[raw[split][i]] for i in rows))
+    if not len(kept["val"]):
+        raise empty_split_error("val", config)
+    note_truncated("text_classification", truncated, {s: len(raw[s]) for s in SPLITS}, str(config.length))
+    return tokenizer, classes, kept, labels_of
 
 
 def macro_f1(tp: list[float], predicted: list[float], gold: list[float]) -> float:
