@@ -331,3 +331,21 @@ def test_bytes_tokenizer_token_bytes_match_the_split_bytes(tmp_path):
     for s in ("train", "val", "test"):
         split = corpus.split(s)
         assert int(table[split.read(0, split.tokens)].sum()) == split.bytes
+
+
+def test_two_processes_preparing_the_same_folder_at_once_both_succeed(tmp_path):
+    """Study workers starting together prepare a task's corpus on first use at the same time."""
+    src = write_jsonl(tmp_path / "a.jsonl", make_docs(200))
+    out = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import time
+        from harness.data.prepare import prepare
+        prepare([{str(src)!r}], {str(out)!r}, workers=1, progress=False, chunk_bytes=500,
+                on_chunk=lambda i: time.sleep(0.01))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert sum(s["documents"] for s in open_corpus(out).manifest["splits"].values()) == 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out"], "no partial or old folder left"

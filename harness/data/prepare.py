@@ -339,8 +339,8 @@ def prepare(sources: Sequence[str | Path], out: str | Path, *, tokenizer: str = 
     options = _options(tokenizer, field, fractions, shard_tokens, tokenizer_train_bytes)
     digests = [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_digest(p)} for p in files]
     old = _existing(out)
-    if old is not None and old.get("format_version") == FORMAT_VERSION and old.get("options") == options \
-            and [{k: s.get(k) for k in ("path", "size", "sha256")} for s in old.get("sources", [])] == digests:
+    if _same(old, options, digests):
+        assert old is not None
         return Prepared(out, old, reused=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)
@@ -380,17 +380,29 @@ def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _same(manifest: dict[str, Any] | None, options: dict[str, Any], digests: list[dict[str, Any]]) -> bool:
+    """Whether a manifest was prepared from these sources with these options."""
+    return manifest is not None and manifest.get("format_version") == FORMAT_VERSION and \
+        manifest.get("options") == options and \
+        [{k: s.get(k) for k in ("path", "size", "sha256")} for s in manifest.get("sources", [])] == digests
+
+
 def _publish(tmp: Path, out: Path, options: dict[str, Any], digests: list[dict[str, Any]]) -> None:
-    """Rename the finished partial folder to ``out`` (replacing an older prepared one)."""
+    """Rename the finished partial folder to ``out`` (replacing an older prepared one). When
+    another process published the same corpus meanwhile (two study workers preparing on
+    first use), its folder is kept and this one dropped."""
     old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if _same(_existing(out), options, digests):
+        shutil.rmtree(tmp)
+        return
     if out.exists():
-        existing = _existing(out)
-        if existing is not None and existing.get("options") == options and \
-                [{k: s.get(k) for k in ("path", "size", "sha256")} for s in existing.get("sources", [])] == digests:
-            shutil.rmtree(tmp)  # another process prepared the same meanwhile: keep its folder
-            return
         os.rename(out, old)
-    os.rename(tmp, out)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not _same(_existing(out), options, digests):
+            raise
+        shutil.rmtree(tmp)  # lost the race to an identical corpus: keep the winner's
     shutil.rmtree(old, ignore_errors=True)
 
 
