@@ -181,6 +181,16 @@ def test_csv_records_with_numeric_labels(tmp_path):
     assert sorted(task.classes[e["label"]] for e in every) == sorted(str(5 if i % 2 else 1) for i in range(30))
 
 
+def test_bytes_that_are_not_utf8_are_replaced_and_counted(tmp_path):
+    path = write_jsonl(tmp_path / "latin1.jsonl", reviews(30))
+    path.write_bytes(path.read_bytes().replace(b"tea", b"t\xe9a"))  # Latin-1, not UTF-8
+    bad = path.read_bytes().count(b"\xe9")
+    with pytest.warns(UserWarning, match=rf"replaced by U\+FFFD.*{bad} in .*latin1.jsonl"):
+        task = classification({"train": str(path), "val_fraction": 0.3})
+    texts = [task.tokenizer.decode(e["tokens"]) for s in ("train", "val") for e in task.examples(s, 128)]
+    assert sum(t.count("t\ufffda") for t in texts) == bad > 0
+
+
 def test_a_second_build_reuses_the_set_until_a_file_changes(tmp_path):
     import os
 
