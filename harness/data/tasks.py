@@ -79,6 +79,9 @@ class Task:
     task_kind: ClassVar[str] = "lm"
     #: Log perplexity and bits per token (language-modelling tasks).
     report_perplexity: ClassVar[bool] = False
+    #: What a model factory learns from the task beyond its format (``TaskInfo.extra``), e.g.
+    #: ``{"two_tower": True}``: each input is ``doc1 SEP doc2`` (``lra_retrieval``).
+    model_hints: ClassVar[dict[str, Any]] = {}
     #: Streams its training data from :meth:`train_batches` (task kind ``lm``) instead of a
     #: list of ``num_train`` examples: a run draws fresh windows every step and never builds
     #: the training split; ``examples("train", n)`` is then only a small sample (for checks
@@ -146,6 +149,19 @@ class Task:
         """Task-specific metrics on one validation batch, as (sum, count) pairs that are
         summed over batches. Default: none. (Greedy-decoding metrics such as phoneme error
         rate go here.)"""
+        return {}
+
+    def statistics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat, logits: Any) -> dict[str, float]:
+        """Counts from one validation batch (``logits``: the model's output on it), summed over
+        the whole validation set and over devices, then turned into metrics by
+        :meth:`metrics_from_statistics`: for metrics that are not a ratio of two sums
+        (macro-F1 from per-class counts, chrF and BLEU from n-gram counts). Every batch must
+        return the same names (devices sum them name by name). Default: none."""
+        return {}
+
+    def metrics_from_statistics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Metrics from the :meth:`statistics` summed over a validation set (empty when the
+        task has none). Default: none."""
         return {}
 
 

@@ -155,10 +155,13 @@ class HarnessSystem(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         length = self.val_lengths[dataloader_idx]
-        stats = masked_stats(self(batch), batch, token_bytes=self._token_bytes)
+        logits = self(batch)
+        stats = masked_stats(logits, batch, token_bytes=self._token_bytes)
         sums = self._sums[length]
         for key in SUMMED + (("bytes",) if "bytes" in stats else ()):  # tensors: no device sync per batch
             sums[key] = sums[key] + stats[key].double()
+        for name, value in self.task.statistics(self.model, batch, self.fmt, logits).items():
+            sums[f"stat:{name}"] = sums.get(f"stat:{name}", 0.0) + value
         for name, (total, count) in self.task.extra_metrics(self.model, batch, self.fmt).items():
             sums[f"extra:{name}:sum"] = sums.get(f"extra:{name}:sum", 0.0) + total
             sums[f"extra:{name}:count"] = sums.get(f"extra:{name}:count", 0.0) + count
@@ -166,7 +169,10 @@ class HarnessSystem(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         distributed = self.trainer.world_size > 1
         for length in self.val_lengths:
-            metrics = summarize(self._reduce(self._sums[length]), self.task.report_perplexity)
+            reduced = self._reduce(self._sums[length])
+            metrics = summarize(reduced, self.task.report_perplexity)
+            metrics.update(self.task.metrics_from_statistics(
+                {k[len("stat:"):]: v for k, v in reduced.items() if k.startswith("stat:")}))
             for name, value in metrics.items():
                 keys = [val_key(name, length)]
                 if length == self.task.train_length:
