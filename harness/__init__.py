@@ -9,6 +9,7 @@ only when a function needs them)::
     model = harness.create_model("transformer", attention="multi_head", position="rope",
                                  vocab_size=32, max_length=128, d_model=64)
     task = harness.create_task("copy", length=16)
+    harness.prepare_corpus(["texts/"], "corpora/mine", tokenizer="bpe:8192")  # your corpus
     result = harness.train("run.yaml")      # or a dict / harness.config.RunConfig
     runs = harness.study_runs("quickstart")        # pandas DataFrame, one row per run
     summary = harness.study_summary("quickstart")  # the report's numbers
@@ -131,6 +132,14 @@ def study_summary(study: str, storage: str | None = None, tracking_uri: str | No
     return _summary(study, storage, tracking_uri)
 
 
+def prepare_corpus(sources: Any, out: Any, **options: Any) -> Any:
+    """``harness data prepare`` from Python: ``prepare_corpus(["texts/"], "corpora/mine",
+    tokenizer="bpe:8192")``; options and the result: :func:`harness.data.prepare.prepare`."""
+    from harness.data.prepare import prepare
+
+    return prepare(sources, out, **options)
+
+
 __all__ = [
     "AttentionSpec",
     "ModelSpec",
@@ -141,6 +150,7 @@ __all__ = [
     "hookimpl",
     "list_plugins",
     "load_plugins",
+    "prepare_corpus",
     "study_runs",
     "study_summary",
     "train",

@@ -108,14 +108,17 @@ TOKEN_BYTES = 8
 
 def data_tokens(p: Plan) -> int | None:
     """A lower bound of the tokens a task's data holds, from the sizes every task config has
-    (``num_train`` examples at ``length``, ``num_val`` validation examples at each evaluation
-    length); None for a config without them."""
+    (``num_train`` examples at ``length``, unless the task streams its training data, and
+    ``num_val`` validation examples at each evaluation length); None for a config without
+    them."""
     c = p.task.params
     try:
         length, num_train, num_val = int(c.length), int(c.num_train), int(c.num_val)
         lengths = {length, *(int(n) for n in getattr(c, "eval_lengths", ()) or ())}
     except (AttributeError, TypeError, ValueError):
         return None
+    if getattr(p.task.spec.build, "streams", False):  # draws its training windows as it trains
+        num_train = 0
     return num_train * length + num_val * sum(lengths)
 
 
