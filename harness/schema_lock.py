@@ -44,7 +44,7 @@ def schema_lock(url: str, store: str) -> Iterator[None]:
     path = sqlite_file(url)
     if path is not None:
         store_guard.check_writable(path, store)
-        with _file_lock(path.with_name(path.name + ".schema-lock")):
+        with _file_lock(path.with_name(path.name + ".schema-lock"), path, store):
             store_guard.check_sqlite(path, store)  # under the lock: another process may be creating it
             yield
     elif url.startswith("postgresql"):
@@ -55,22 +55,19 @@ def schema_lock(url: str, store: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, database: Path | None = None, store: str = "mlflow") -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no lock
         yield
         return
-    from harness.store_guard import StoreError
+    from harness.store_guard import cannot_create
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(path, "a")  # noqa: SIM115 (closed below)
     except OSError as exc:
-        raise StoreError(f"the lock file {path} next to the store cannot be created "
-                         f"({exc.strerror}); nothing was written. The store's folder must be "
-                         f"writable: make it so, or point HARNESS_HOME (or --storage / "
-                         f"--tracking-uri) at a writable one.") from None
+        raise cannot_create(path, database or path, store, exc) from None
     with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

@@ -108,49 +108,55 @@ def check_sqlite(path: Path, store: str) -> None:
 
 def check_writable(path: Path, store: str) -> None:
     """Refuse to open ``path`` for writing where nothing could be written: a parent that is not
-    a folder, a read-only file or folder, a disk without room."""
-    folder = path.parent
-    for parent in (folder, *folder.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise StoreError(f"the {WHAT[store]} {path} cannot be created: {parent} is a file, "
-                                 f"not a folder. Nothing was written. Point HARNESS_HOME (or "
-                                 f"--storage / --tracking-uri) at a folder.")
-            break
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(f"the folder of the {WHAT[store]} {path} cannot be created "
-                         f"({exc.strerror}); nothing was written. Point HARNESS_HOME (or "
-                         f"--storage / --tracking-uri) at a writable folder.") from None
-    probe = path.with_name(path.name + ".schema-lock")  # the lock file the store is opened under
-    try:
-        open(probe, "a").close()  # noqa: SIM115
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise StoreError(f"the disk holding the {WHAT[store]} {path} is full, so nothing was "
-                             f"written. Free some space (or point HARNESS_HOME at another disk) "
-                             f"and run the command again.") from None
-        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise StoreError(f"the {WHAT[store]} {path} cannot be used: {probe} cannot be created "
-                             f"({exc.strerror}); nothing was written. Point HARNESS_HOME (or "
-                             f"--storage / --tracking-uri) at a folder on an ordinary, writable "
-                             f"disk.") from None
-        read_only = True
-    else:
-        read_only = False
-    for target in (path, folder):
-        if read_only or target.exists() and not os.access(target, os.W_OK) or _read_only_mount(target):
+    a folder, a read-only file, folder or disk, a disk without room. Creates nothing (a
+    command that fails later on bad input leaves no folder behind); what only an attempt can
+    tell is told by :func:`cannot_create` when the store's lock file is made."""
+    existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise StoreError(f"the {WHAT[store]} {path} cannot be created: {existing} is a file, "
+                         f"not a folder. Nothing was written. Point HARNESS_HOME (or --storage / "
+                         f"--tracking-uri) at a folder.")
+    if pseudo_fs(existing):
+        raise StoreError(f"the {WHAT[store]} {path} cannot be created: {existing} is a kernel "
+                         f"file system that takes no files. Nothing was written. Point "
+                         f"HARNESS_HOME (or --storage / --tracking-uri) at an ordinary folder.")
+    for target in (path, existing):
+        if target.exists() and not os.access(target, os.W_OK) or _read_only_mount(target):
             raise StoreError(f"the {WHAT[store]} {path} is read-only ({target} cannot be "
                              f"written), so nothing was written. Make it writable (chmod u+w, "
                              f"or remount), or point HARNESS_HOME (or --storage / --tracking-uri) "
                              f"at a writable store; `harness study status` and `list` read a "
                              f"read-only store.")
-    free = _free_bytes(folder)
+    free = _free_bytes(existing)
     if free is not None and free < MIN_FREE_BYTES:
         raise StoreError(f"the disk holding the {WHAT[store]} {path} is full ({free:,} bytes "
                          f"free), so nothing was written. Free some space (or point HARNESS_HOME "
                          f"at another disk) and run the command again.")
+
+
+def cannot_create(what: Path, path: Path, store: str, exc: OSError) -> StoreError:
+    """The error for a file or folder next to a store (its lock file, its folder) that could not
+    be created: full, read-only, or a place that takes no files (``/proc``)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "the disk is full: free some space (or point HARNESS_HOME at another disk)"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        why = ("it is read-only: make it writable, or point HARNESS_HOME (or --storage / "
+               "--tracking-uri) at a writable store")
+    else:
+        why = ("point HARNESS_HOME (or --storage / --tracking-uri) at a folder on an ordinary, "
+               "writable disk")
+    return StoreError(f"the {WHAT[store]} {path} cannot be used: {what} cannot be created "
+                      f"({exc.strerror}), so nothing was written; {why}.")
+
+
+def pseudo_fs(folder: Path) -> bool:
+    """A kernel file system (``/proc``, ``/sys``) that takes no files, whatever its mode says."""
+    try:
+        return os.statvfs(folder).f_blocks == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _read_only_mount(path: Path) -> bool:

@@ -49,14 +49,20 @@ def home() -> Path:
     return cwd / STORE_DIR
 
 
-def ensure_home() -> Path:
-    """:func:`home`, created if missing; a clean error when it cannot be a folder (a file of
-    that name, a read-only parent)."""
+def checked_home() -> Path:
+    """:func:`home`, or a clean error when it is a file (nothing is created)."""
     path = home()
     if path.exists() and not path.is_dir():
         raise HarnessError(f"the harness's store folder {path} ($HARNESS_HOME or ./.harness) is a "
                            f"file, not a folder; nothing was written. Point HARNESS_HOME at a "
                            f"folder, or move the file aside.")
+    return path
+
+
+def ensure_home() -> Path:
+    """:func:`home`, created if missing; a clean error when it cannot be a folder (a file of
+    that name, a read-only parent)."""
+    path = checked_home()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -87,9 +93,10 @@ def preflight(uri: str | None) -> str:
     from urllib.parse import urlsplit
 
     from harness.schema_lock import sqlite_file
-    from harness.store_guard import check_sqlite, check_writable
+    from harness.store_guard import check_sqlite, check_writable, pseudo_fs
 
-    uri = without_credentials(tracking_uri(uri))
+    uri = without_credentials(uri or os.environ.get("MLFLOW_TRACKING_URI")
+                              or f"sqlite:///{checked_home() / 'mlflow.db'}")  # nothing created
     shown = bounded(mask_url(uri))
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri or uri.startswith(
         ("sqlite:", "file:")) else ""
@@ -106,12 +113,8 @@ def preflight(uri: str | None) -> str:
                           f"(sqlite:///relative.db or sqlite:////absolute/path.db).")
     elif scheme in ("file", ""):
         folder = Path(urlsplit(uri).path if scheme else uri)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            writable = os.access(folder, os.W_OK) and folder.is_dir()
-        except OSError:
-            writable = False
-        if not writable:
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK) or pseudo_fs(existing):
             raise ConfigError(f"tracking URI {shown}: the folder {folder} cannot be created or "
                               f"written; nothing was recorded. Give a writable folder.")
     elif scheme in ("http", "https"):

@@ -76,11 +76,15 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
 def _check_storage(explicit: str | None) -> None:
     """A SQLite storage that exists but is damaged, or cannot be written: refused before the
     plugins load (it is checked again under its lock when it is opened)."""
+    import os
+
+    from harness import tracking
     from harness.schema_lock import sqlite_file
     from harness.store_guard import check_sqlite, check_writable
-    from harness.study.storage import storage_url
 
-    path = sqlite_file(storage_url(explicit))
+    tracking.checked_home()
+    path = sqlite_file(explicit or os.environ.get("HARNESS_STORAGE")
+                       or f"sqlite:///{tracking.home() / 'optuna.db'}")  # nothing created
     if path is not None:
         check_writable(path, "optuna")
         check_sqlite(path, "optuna")
