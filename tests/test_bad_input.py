@@ -392,7 +392,7 @@ def test_no_password_survives_masking(password, scheme):
 
 @given(size=st.integers(1_000, 60_000), field=st.sampled_from(
     ["task.params.eval_lengths", "model.params.pattern", "train.lr", "task.params", "tracking.tags"]))
-def test_an_echoed_value_is_bounded(size, field):
+def test_an_echoed_value_is_bounded(registry, size, field):
     """However large the value, the error that echoes it stays short."""
     value: Any = list(range(size)) if field != "task.params" else {f"k{i}": i for i in range(size)}
     data: dict[str, Any] = {"task": {"name": "copy"}, "model": {"name": "transformer"}}
@@ -401,11 +401,11 @@ def test_an_echoed_value_is_bounded(size, field):
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = value
-    import harness
     from harness.config import parse_run_config
+    from harness.errors import HarnessError
     from harness.run.plan import plan
 
     try:
-        plan(parse_run_config(data), harness.load_plugins())
-    except ConfigError as exc:
+        plan(parse_run_config(data), registry)
+    except HarnessError as exc:
         assert len(str(exc)) < 2000, (field, len(str(exc)))
