@@ -87,7 +87,9 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
     n_seeds = min((len(r.seeds) for r in ranked), default=0)
     floor = stats.resolution_floor(test, n_seeds, max(1, len(ranked) * (len(ranked) - 1) // 2),
                                    alpha)
-    best = max(ranked, key=lambda r: sign * r.mean) if ranked else None
+    # ties on the mean broken by name, as the table orders them, so "the best mean" is the
+    # candidate the table lists first among the best means
+    best = min(ranked, key=lambda r: (-sign * r.mean, r.name)) if ranked else None
     group = []
     if best is not None:
         for r in ranked:
