@@ -54,7 +54,7 @@ class Verdict:
         import textwrap
 
         return "\n".join(textwrap.fill(part.replace("**", ""), 100, subsequent_indent="  ")
-                         for part in (self.ranked, self.headline))
+                         for part in (f"verdict: {self.title}", self.headline))
 
 
 def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str, Verdict]:

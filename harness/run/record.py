@@ -71,9 +71,9 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
     if type(exc).__name__ == "TrialPruned":
         why = str(exc) or "pruned"
         return "FINISHED", {Tag.PRUNED: "true", Tag.NOTE: (
-            f"**Pruned** by the study's pruner, not failed: {why}. It stopped early because its "
-            f"validation fell behind the other trials of its candidate at the same step; its "
-            f"metrics are those it logged until then.")}
+            f"**Pruned** by the study's pruner, not failed: {why}. The pruner stopped it early "
+            f"because its validation at that step was behind what the candidate's other trials "
+            f"reached there; its metrics are those it logged until then.")}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "KILLED", {Tag.INTERRUPTED: "true"}
     return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}

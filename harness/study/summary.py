@@ -58,12 +58,14 @@ def study_views(name: str, config: StudyConfig, record: dict[str, Any]) -> dict[
     length = config.objective.length or int(record["train_length"])
     objective = val_key(metric, length)
     maximize = config.objective.direction == "maximize"
-    columns = [f"metrics.`{objective}`"]
-    columns += [f"metrics.`{val_key(metric, n)}`" for n in lengths if n != length]
-    columns += [f"tags.`{Tag.SEED}`", f"tags.`{Tag.TRIAL_NUMBER}`"]
-    columns += [f"params.`train.{key}`" for key in config.search]
+    lengths_columns = [f"metrics.`{objective}`"]
+    lengths_columns += [f"metrics.`{val_key(metric, n)}`" for n in lengths if n != length]
+    searched = [f"params.`train.{key}`" for key in config.search]
 
     def view(phase: str, aggregate: str) -> dict[str, Any]:
+        # a confirmation run is told apart by its seed, a tuning trial by its number
+        which = Tag.SEED if phase == Phase.CONFIRM else Tag.TRIAL_NUMBER
+        columns = [*lengths_columns, f"tags.`{which}`", *searched]
         return {
             "searchFilter": f"tags.`{Tag.PHASE}` = '{phase}'",
             "orderByKey": f"metrics.`{objective}`", "orderByAsc": not maximize,
