@@ -256,6 +256,9 @@ py-modules = ["$module"]
 
 [tool.ruff]
 line-length = 110
+
+[tool.ruff.lint]
+select = ["E4", "E7", "E9", "F", "I"]  # ruff's defaults and import sorting
 ''',
     "README.md": '''\
 # harness-$dashed

@@ -216,8 +216,11 @@ def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
     label = best.interval.label if best.interval is not None else ""
     head = (f"{protocol.objective}, mean over {n} confirmation seed(s) with its {label} interval: "
             if label else f"{protocol.objective}, mean over {n} confirmation seed(s): ")
-    if verdict.resolved:
+    if verdict.resolved and len(verdict.best_group) == 1:
         lead = f"**{best_mean(ranked, verdict)} is best** with {interval(best.mean, best.interval)}."
+    elif verdict.resolved:
+        lead = (f"**Best: {', '.join(verdict.best_group)}** (not resolved apart); the best mean "
+                f"is {best_mean(ranked, verdict)}'s, {interval(best.mean, best.interval)}.")
     else:
         lead = (f"**No difference is resolved** (level {verdict.alpha:.3g}, Holm over "
                 f"{verdict.comparisons} pair(s)); the best mean is {best_mean(ranked, verdict)}'s, "

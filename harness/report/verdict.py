@@ -102,6 +102,7 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
         _compare_with(r, best, base, protocol, adjusted, floor.comparisons)
     front, note = _front(ranked, protocol, better)
     order = sorted(ranked, key=lambda r: (r.rank or 0, -sign * r.mean, r.name))
+    group = [r.name for r in order if r.name in group]  # named in the table's order
     unranked = [r for r in results if r not in ranked]
     verdict = Verdict(alpha, test, floor.comparisons, floor, best.name if best else None, group,
                       [r.name for r in order + unranked], [r.name for r in unranked], front,
