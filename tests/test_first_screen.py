@@ -234,3 +234,44 @@ def test_a_study_is_found_by_its_files_name_when_one_profile_ran(tmp_path):
         resolve_name(storage, "quickstart")
     with pytest.raises(HarnessError, match="several profiles"):  # every command resolves there
         open_study("quickstart", storage, "sqlite:///o.db", check_tracking=False)
+
+
+# -- 11: as quiet from Python as from the CLI ----------------------------------------------------------
+NOTEBOOK = '''\
+import json, logging, sys
+import harness
+config = json.loads(sys.argv[1])
+verbose = {"quiet": None, "verbose": True}[sys.argv[2]]
+before = logging.root.manager.disable
+result = harness.train(config, verbose=verbose)
+assert logging.root.manager.disable == before, "logging settings not restored"
+logging.getLogger("user").warning("the user's own warnings still show")
+print("trained", result.status)
+'''
+
+
+@pytest.mark.slow
+def test_harness_train_from_python_is_as_quiet_as_the_cli_unless_asked(tmp_path):
+    """A notebook's `harness.train(...)` prints none of the libraries' lines (MLflow's INFO,
+    Lightning's GPU/TPU lines, its tips, "Trainer.fit stopped"), and leaves the process's
+    logging settings as it found them; `verbose=True` lets them through."""
+    import json
+
+    from test_core_train import tiny
+
+    noise = ("GPU available", "TPU available", "Tip:", "litlogger", "`Trainer.fit` stopped",
+             "Creating initial MLflow database", " INFO ")
+    outputs = {}
+    for mode in ("quiet", "verbose"):
+        env = dict(__import__("os").environ, HARNESS_HOME=str(tmp_path / mode))
+        env.pop("HARNESS_VERBOSE", None)
+        done = subprocess.run([sys.executable, "-c", NOTEBOOK, json.dumps(tiny()), mode],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[mode] = done.stdout + done.stderr
+        assert "trained FINISHED" in done.stdout
+    heard = [n for n in noise if n in outputs["quiet"]]
+    assert not heard, f"library noise from harness.train: {heard}"
+    assert "`Trainer.fit` stopped" in outputs["verbose"]  # the opt-in works (and the check can fail)
+    assert "Creating initial MLflow database" in outputs["verbose"]
+    assert "the user's own warnings still show" in outputs["quiet"]
