@@ -18,6 +18,14 @@ otherwise, so the links name the machine-learning view
 (``#/experiments/ID/runs?workflowType=machine_learning``), and the experiments the harness
 creates carry ``mlflow.experimentKind`` (:data:`harness.tracking.EXPERIMENT_KIND`). The
 server is asked over its REST API; this process never imports mlflow.
+
+Plain ``harness ui`` prints, for each study of the project's storage recorded in the store it
+serves (the most recent first), the study's links (:func:`study_links`): its candidates (the
+confirmation runs grouped and ranked), its parent run (the verdict) and its tuning trials;
+then each experiment. The views the links open are stored on the experiment first
+(:func:`harness.study.summary.study_views`, over the REST API), so a study created by an
+earlier version opens the current ones. ``--open`` opens the first link where a browser can
+show it without taking over the terminal (:func:`can_open_browser`).
 """
 
 from __future__ import annotations
@@ -101,9 +109,10 @@ def find_study(name: str, storage_url: str | None) -> StudyRef:
 MAX_STUDIES = 5  # plain `harness ui` prints the links of the most recent studies
 
 
-def local_studies(uri: str) -> list[StudyRef]:
-    """The studies of the default storage recorded in the tracking store ``uri``, the most
-    recent first (none when there is no default storage yet: nothing is created)."""
+def local_studies(uri: str, storage_url: str | None = None) -> list[StudyRef]:
+    """The studies of the storage (default: the project's) recorded in the tracking store
+    ``uri``, the most recent first (none when there is no SQLite storage yet: nothing is
+    created)."""
     from harness.study.storage import (
         default_storage_url,
         open_storage,
@@ -111,8 +120,8 @@ def local_studies(uri: str) -> list[StudyRef]:
         study_names,
     )
 
-    url = default_storage_url()
-    if not Path(url.removeprefix("sqlite:///")).exists():
+    url = storage_url or default_storage_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return []
     try:
         storage = open_storage(url, read_only=True)
@@ -264,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     study = find_study(args.study, args.storage) if args.study else None
     explicit = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     uri = tracking.tracking_uri(explicit or (study.tracking_uri if study else None))
-    others = local_studies(uri) if study is None else []
+    others = local_studies(uri, args.storage) if study is None else []
     if uri.startswith(("http://", "https://")):  # a tracking server: its UI is already there
         base = uri.rstrip("/")
         _show(links(base, study, others), args.open)
