@@ -41,7 +41,7 @@ class CandidateNumbers:
 
 
 @dataclass
-class Verdict:
+class VerdictText:
     """The verdict in the forms the parent run shows: its title, the ranking on one line
     and the verdict in one paragraph (Markdown)."""
 
@@ -57,9 +57,9 @@ class Verdict:
                          for part in (f"verdict: {self.title}", self.headline))
 
 
-def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str, Verdict]:
+def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str, VerdictText]:
     """The adapter to the report: each candidate's numbers, the ranked table (Markdown), the
-    interval's method (``95% Student t``) and the verdict (:class:`Verdict`)."""
+    interval's method (``95% Student t``) and the verdict (:class:`VerdictText`)."""
     from harness.report.render import (
         headline,
         methods,
@@ -72,7 +72,7 @@ def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, st
 
     results, verdict, proto = analysed(handle, settle=False)
     table = render_markdown([ranked_table(results, verdict, proto)])
-    lead = Verdict(short_verdict(results, verdict), ranked_line(results, verdict, proto),
+    lead = VerdictText(short_verdict(results, verdict), ranked_line(results, verdict, proto),
                    headline(results, verdict, proto))
     numbers = []  # in the table's order: best first
     by_name = {r.name: r for r in results}
@@ -102,7 +102,7 @@ def summary_metrics(config: StudyConfig, numbers: list[CandidateNumbers]
 
 
 def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, method: str,
-         lead: Verdict | None = None) -> str:
+         lead: VerdictText | None = None) -> str:
     """The parent run's description (Markdown). The UI shows a description's first 100
     pixels (about five lines) and hides the rest behind "Show more": so the ranking comes
     first, on one line, then the verdict in one paragraph (differences from the best, their
@@ -132,7 +132,8 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, metho
         f"mean and interval (`CANDIDATE/mean`, `/ci_low`, `/ci_high`) and the value at each "
         f"evaluation length (`CANDIDATE/{curve_key(cfg.objective.metric)}`, step = length). "
         f"The full report (figures, tables) is under this run's artifacts, `report/`, once "
-        f"`harness report {handle.name}` ran.",
+        f"`harness report {handle.name}` ran; `report/extrapolation.png` draws every "
+        f"candidate's mean by evaluation length on one chart, with its interval.",
     ]
     return "\n".join(lines)
 
@@ -151,10 +152,10 @@ def compact_table(numbers: list[CandidateNumbers], objective: str, method: str) 
     return "\n".join(rows)
 
 
-def write_summary(handle: StudyHandle) -> Verdict:
+def write_summary(handle: StudyHandle) -> VerdictText:
     """Log the summary to the parent run: metrics that changed, the per-length curves, the
     description and the verdict in its name (repeating it with the same numbers logs nothing
-    new); returns the verdict, for the terminal (:meth:`Verdict.text`)."""
+    new); returns the verdict, for the terminal (:meth:`VerdictText.text`)."""
     numbers, table, method, lead = report_numbers(handle)
     flat, curves = summary_metrics(handle.config, numbers)
     run = handle.tracker.client.get_run(handle.parent_run_id)

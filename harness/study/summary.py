@@ -1,4 +1,5 @@
-"""The study's parent MLflow run: its protocol params and the saved view of the runs table.
+"""The study's parent MLflow run (its protocol params) and the views of the runs table that
+``harness ui`` links to (:func:`study_views`).
 
 Params (logged when the study is created, :func:`protocol_params`): the protocol (objective,
 budget with its parameter target, confirmation seeds, sampler, pruner, task) and each
