@@ -3,8 +3,9 @@
 Tags name every component with its plugin, distribution and version, the git commit and the
 batch format; a run's metrics are logged once at its end (per-step training curves are
 logged by Lightning during the fit); figures are the extrapolation curve and attention maps.
-A run that ends early says why: pruned and interrupted runs end KILLED with a tag, failed
-ones FAILED with the reason.
+A run that ends early says why: pruned runs end FINISHED with a tag, a description and
+"(pruned)" in their name (the pruner did what the study asked: nothing broke), interrupted
+ones KILLED with a tag, failed ones FAILED with the reason.
 """
 
 from __future__ import annotations
