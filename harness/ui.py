@@ -143,6 +143,11 @@ def links(base: str, study: StudyRef | None, others: Sequence[StudyRef] = ()) ->
     out = []
     for ref in list(others)[:MAX_STUDIES]:
         out += study_links(base, ref, strict=False)
+    if len(others) > MAX_STUDIES:
+        names = [r.name for r in others[MAX_STUDIES:]]
+        older = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        out.append((f"{len(others) - MAX_STUDIES} older studies ({older}):",
+                    "harness ui --study NAME"))
     found = rest(base, "experiments/search", max_results=50).get("experiments", [])
     found.sort(key=lambda e: -int(e.get("last_update_time", 0)))
     return out + [(f"experiment {e['name']}", experiment_link(base, str(e["experiment_id"])))
