@@ -76,7 +76,8 @@ def test_the_verdict_paragraph_says_which_by_how_much_and_how_sure():
     assert f"nope {nope.mean:.4g} (Δ = {d.mean_difference:.4g} [" in text and ": resolved)" in text
     assert math.isclose(d.mean_difference, -0.4)
     line = ranked_line(results, verdict, proto)
-    assert line.index("**1. rope**") < line.index("**1. sinusoidal**") < line.index("**3. nope**")
+    assert line.index("**1. rope**") < line.index("**1. sinusoidal**") < line.index(" 3. nope ")
+    assert line.startswith("Ranked by val/acc @16 (mean [95% Student t interval] over 7")
     values = np.array(list(results[1].values().values()), dtype=np.float64)
     low, high = scipy.stats.t.interval(0.95, len(values) - 1, loc=values.mean(),
                                        scale=scipy.stats.sem(values))  # the reference interval

@@ -298,7 +298,7 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
             assert {f"{cand}/{val_key('loss', n)}" for n in lengths} <= set(metrics)
         assert {metrics["mha/rank"], metrics["nope/rank"]} <= {1.0, 2.0}
         note = tags["mlflow.note.content"]
-        assert note.startswith("**Ranked** by val/loss at length 6 (mean [95% Student t interval]")
+        assert note.startswith("Ranked by val/loss at length 6 (mean [95% Student t interval]")
         assert "| mha " in note and "| nope " in note and "Study tiny-cpu" in note and "@" not in note
         assert parent["info"]["run_name"].startswith("tiny-cpu · ")  # the verdict as its title
         assert params  # the protocol (budget, seeds, sampler, ...)
@@ -359,6 +359,15 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
             # the tuning trials: pruned ones named so, under their candidate
             dom = render(tuning_link, shots / "tuning.png")
             assert "mha/tune/trial-1 (pruned)" in dom and "/confirm/" not in dom
+            icons = {}  # each run's status icon (its SVG path): pruned ones as the completed
+            for chunk in dom.split('role="row"')[1:]:
+                name = re.search(r">(\w+/tune/trial-\d+(?: \(pruned\))?)<", chunk)
+                icon = re.search(r'cell-runDateAndNestInfo-\d+".*?<path fill="currentColor" d="([^"]+)"',
+                                 chunk, re.S)
+                if name and icon:
+                    icons[name[1]] = icon[1]
+            assert len(icons) == 6 and any(n.endswith(" (pruned)") for n in icons)
+            assert len(set(icons.values())) == 1, "a pruned trial shows another status than a complete one"
             # the chart view opens on the comparison; the cost charts come last, collapsed
             dom = render(runs_link + "&compareRunsMode=CHART", shots / "charts.png", 40000, "1600,1200")
             first = dom.index("Candidates: confirmed means")
@@ -367,8 +376,9 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
             # the parent run: the verdict in its title, the ranking above "Show more"
             dom = render(parent_link, shots / "parent.png", size="1400,1600")
             assert parent["info"]["run_name"] in dom
-            ranked = re.search(r"<strong>Ranked</strong> by val/loss at length 6[^<]*"
-                               r"<strong>1\. (\w+)</strong>", dom)
+            ranked = re.search(r"<p>Ranked by val/loss at length 6 \(mean \[95% Student t interval\] "
+                               r"over 2 confirmation seed\(s\); a shared rank: not resolved apart\): "
+                               r"(?:<strong>)?1\. (\w+)", dom)
             assert ranked, "the ranking is not the description's first line"
             assert ranked.start() < dom.index("Show more")
 

@@ -222,7 +222,7 @@ def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
         lead = (f"**Best: {', '.join(verdict.best_group)}** (not resolved apart); the best mean "
                 f"is {best_mean(ranked, verdict)}'s, {interval(best.mean, best.interval)}.")
     else:
-        lead = (f"**No difference is resolved** (level {verdict.alpha:.3g}, Holm over "
+        lead = (f"No difference is resolved (level {verdict.alpha:.3g}, Holm over "
                 f"{verdict.comparisons} pair(s)); the best mean is {best_mean(ranked, verdict)}'s, "
                 f"{interval(best.mean, best.interval)}.")
     others = []
@@ -238,15 +238,20 @@ def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
 
 
 def ranked_line(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> str:
-    """The ranking on one line (Markdown): ``**1. rope** 0.98 [0.97, 0.99] · **2. nope** ...``,
-    what fits the few lines a collapsed description shows."""
+    """The ranking on one line (Markdown): ``**1. rope** 0.98 [0.97, 0.99] · 2. nope ...``,
+    what fits the few lines a collapsed description shows; the best group in bold, as in the
+    report's table (nothing bold when nothing is resolved)."""
     by_name = {r.name: r for r in results}
     ranked = [by_name[n] for n in verdict.order if n not in verdict.unranked]
     label = next((r.interval.label for r in ranked if r.interval is not None), "")
     n = min((len(r.seeds) for r in ranked), default=0)
-    items = " · ".join(f"**{r.rank}. {r.name}** {interval(r.mean, r.interval)}" for r in ranked)
-    return (f"**Ranked** by {protocol.objective} (mean [{label} interval] over {n} confirmation "
-            f"seed(s); a shared rank: not resolved apart): {items}")
+    def item(r: CandidateResult) -> str:  # bold: the best group, when it is not everyone
+        name = f"{r.rank}. {r.name}"
+        return (f"**{name}**" if verdict.resolved and r.best_group else name) + " " + \
+            interval(r.mean, r.interval)
+
+    return (f"Ranked by {protocol.objective} (mean [{label} interval] over {n} confirmation "
+            f"seed(s); a shared rank: not resolved apart): " + " · ".join(map(item, ranked)))
 
 
 def short_verdict(results: list[CandidateResult], verdict: Verdict) -> str:
