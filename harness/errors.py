@@ -66,18 +66,20 @@ class Interrupted(SystemExit):
 # -- pydantic's errors, stated the harness's way ----------------------------------------------
 #: pydantic's framing of a message raised by a validator (a plugin's ``__post_init__``)
 _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+#: Error types of a validator's own check: on a whole config, its input is the whole config
+WHOLE_CHECKS = ("value_error", "assertion_error")
 
 
 def pydantic_message(err: Mapping[str, Any]) -> str:
     """The message of one pydantic error without pydantic's internals: no "Value error, "
-    prefix, no trailing period, and the value given only where it is one value (a check on a
-    whole config echoes the whole config as its input: that says nothing)."""
+    prefix, no trailing period, and the value given, except where a validator checked a
+    whole config (its input is the whole config: that says nothing)."""
     msg = str(err.get("msg", "")).strip()
     for prefix in _PYDANTIC_PREFIXES:
         msg = msg.removeprefix(prefix)
     msg = msg.rstrip(".")
     given = err.get("input")
-    if err.get("loc") and not isinstance(given, Mapping):
+    if err.get("loc") and not (isinstance(given, Mapping) and err.get("type") in WHOLE_CHECKS):
         text = repr(given)
         msg += f" (got {text if len(text) <= 60 else text[:57] + '...'})"
     return msg
