@@ -277,3 +277,25 @@ def test_harness_train_from_python_is_as_quiet_as_the_cli_unless_asked(tmp_path)
     assert "`Trainer.fit` stopped" in outputs["verbose"]  # the opt-in works (and the check can fail)
     assert "Creating initial MLflow database" in outputs["verbose"]
     assert "the user's own warnings still show" in outputs["quiet"]
+
+
+# -- 1: --open where there is no display -----------------------------------------------------------------
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the display check is for Linux")
+def test_open_without_a_display_prints_instead_of_starting_a_text_browser(monkeypatch, capsys):
+    """Python's webbrowser falls back to a text browser in the terminal where there is no
+    display: `harness ui --open` says to open the link instead (the README's first command
+    ends with it, on laptops and on remote machines alike)."""
+    import webbrowser
+
+    from harness import ui
+
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url))
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER"):
+        monkeypatch.delenv(var, raising=False)
+    found = [("study s: candidates ranked (confirmation runs)", "http://127.0.0.1:1/#/x")]
+    ui._show(found, open_first=True)
+    assert opened == [] and "open the first link in a browser yourself" in capsys.readouterr().out
+    monkeypatch.setenv("BROWSER", "/bin/true")
+    ui._show(found, open_first=True)
+    assert opened == ["http://127.0.0.1:1/#/x"]
