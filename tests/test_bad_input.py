@@ -178,6 +178,8 @@ def test_study_numbers_are_refused_naming_the_field_or_accepted_in_range(field, 
 
     path, info = field
     data = copy.deepcopy(STUDY)
+    if path.startswith("reference."):  # a reference block needs its required fields
+        data["reference"] = {"source": "paper", "metric": "acc", "rows": [{"model": "m"}]}
     node: dict[str, Any] = data
     *parents, leaf = path.split(".")
     for part in parents:
