@@ -101,6 +101,8 @@ def _numeric_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
     out = []
     for name, info in model.model_fields.items():
         ann = info.annotation
+        if typing.get_origin(ann) is list:  # items are not reachable by a dotted path
+            continue
         args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
         for arg in args:
             if isinstance(arg, type) and issubclass(arg, BaseModel):
