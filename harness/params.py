@@ -33,7 +33,14 @@ from typing import Any
 
 import annotated_types
 
-from harness.errors import ConfigError, PluginError, short_list, short_repr, shorten
+from harness.errors import (
+    ConfigError,
+    PluginError,
+    pydantic_problem,
+    short_list,
+    short_repr,
+    shorten,
+)
 
 
 @dataclass(frozen=True)
@@ -287,9 +294,7 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     try:
         return _validator(config).validate_python(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{where}.{loc}: {shorten(err['msg'], 1000)} (got {short_repr(err.get('input'))}).") from None
+        raise ConfigError(pydantic_problem(exc.errors()[0], where) + ".") from None
     except (TypeError, ValueError, ArithmeticError) as exc:
         raise ConfigError(f"{where}: {shorten(str(exc), 300)}") from None
 

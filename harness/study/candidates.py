@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.errors import ConfigError, HarnessError, short_repr
+from harness.errors import ConfigError, HarnessError, pydantic_message, short_repr
 from harness.params import (
     Choice,
     FloatRange,
@@ -169,7 +169,8 @@ def _check_type(param: Param, value: Any, where: str) -> None:
     try:
         TypeAdapter(param.type).validate_python(value)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {short_repr(value)} is invalid: {exc.errors()[0]['msg']}.") from None
+        raise ConfigError(f"{where}: {short_repr(value)} is invalid: "
+                          f"{pydantic_message(exc.errors()[0] | {'loc': ()})}.") from None
     why = value_problem(param, value)
     if why:
         raise ConfigError(f"{where}: {why}.")
