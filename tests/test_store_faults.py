@@ -48,8 +48,9 @@ def _one_paragraph(err: str) -> str:
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, str, float]:
     started = time.monotonic()
+    inherited = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # MLflow sets it
     done = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})})
+                          timeout=timeout, env={**inherited, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})})
     return done.returncode, done.stderr, time.monotonic() - started
 
 
