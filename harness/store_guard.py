@@ -95,7 +95,7 @@ def check_sqlite(path: Path, store: str) -> None:
                                                f"{'; '.join(' '.join(str(r).split())[:80] for r in result)})")
         finally:
             con.close()
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a name that is not text: damaged
         raise damaged(path, store, f"cannot be read by SQLite ({' '.join(str(exc).split())[:120]})") from None
     if tables and not tables & SIGNATURE[store]:
         other = next((k for k, sig in SIGNATURE.items() if tables & sig), None)
