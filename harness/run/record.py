@@ -64,6 +64,8 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
     """
     if type(exc).__name__ == "TrialPruned":
         return "KILLED", {Tag.PRUNED: "true"}
+    if type(exc).__name__ == "Preempted":  # checkpointed on SIGUSR1 (harness.run.checkpoint)
+        return "KILLED", {Tag.PREEMPTED: "true", Tag.INTERRUPTED: "true"}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "KILLED", {Tag.INTERRUPTED: "true"}
     return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
