@@ -113,6 +113,16 @@ def train(config: Any, **kwargs: Any) -> RunResult:
     return _train(config, **kwargs)
 
 
+def load_model(ref: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+    """The trained module (in eval mode) and its resolved config, from a run id (its final
+    weights in the store, else its newest checkpoint) or a folder written by ``harness
+    export``; see :mod:`harness.run.trained`."""
+    from harness.run.trained import load
+
+    trained = load(os.fspath(ref))
+    return trained.model, trained.config
+
+
 def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None) -> Any:
     """A study's runs as a pandas DataFrame, one row per run (candidate, phase, trial, seed,
     status, objective, costs, ``params.*``, ``metrics.*``); see
@@ -140,6 +150,7 @@ __all__ = [
     "create_task",
     "hookimpl",
     "list_plugins",
+    "load_model",
     "load_plugins",
     "study_runs",
     "study_summary",

@@ -209,6 +209,7 @@ def rng_state() -> dict[str, Any]:
 
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    assert not isinstance(keys, str)
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     return {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
@@ -271,12 +272,21 @@ def stop_requested() -> bool:
 
 
 @contextlib.contextmanager
-def stop_on_sigusr1() -> Any:
-    """While the block runs, SIGUSR1 checkpoints the run at its next step and stops it."""
+def stop_on_sigusr1(forward: Any = ()) -> Any:
+    """While the block runs, SIGUSR1 checkpoints the run at its next step and stops it (and
+    is passed on to the processes in ``forward``: a study's extra workers)."""
     if not hasattr(signal, "SIGUSR1") or threading_main() is False:
         yield
         return
-    previous = signal.signal(signal.SIGUSR1, request_stop)
+
+    def handler(*_: Any) -> None:
+        request_stop()
+        for proc in forward:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
     try:
         yield
     finally:

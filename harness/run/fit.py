@@ -70,7 +70,7 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     callbacks = [*callbacks, checkpoint.Checkpointing(  # off: only SIGUSR1 saves
         checkpoint.folder(run_id), every, keep=t.checkpoint_keep, best=t.checkpoint_best,
         metric=t.checkpoint_metric, mode=t.checkpoint_mode, meta=meta or {}, datamodule=dm)]
-    kwargs = {"experiment_name": p.config.tracking.experiment, "tracking_uri": tracking_uri,
+    kwargs: dict[str, Any] = {"experiment_name": p.config.tracking.experiment, "tracking_uri": tracking_uri,
               "run_id": run_id, "log_model": False}
     logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
     trainer = L.Trainer(

@@ -152,9 +152,9 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         from harness.run.resume import reopen
 
         run_id = resume.run_id
-        reopen(tracker, resume)
-        if extra_tags:
+        if extra_tags:  # first: a study's reconcile reads them once the run is RUNNING
             tracker.set_tags(run_id, extra_tags)
+        reopen(tracker, resume)
     else:
         run_id = tracker.start_run(
             cfg.tracking.experiment, run_name=cfg.tracking.run_name or default_run_name(p),

@@ -18,6 +18,7 @@ a run whose config or components changed since it was recorded (each difference 
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from harness.keys import Tag
 from harness.masking import mask_url
 from harness.run import checkpoint
 
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 #: Config fields that may differ on resume: they change neither the model nor its training.
 FREE = ("tracking.uri", "tracking.run_name", "train.progress", "train.max_time_s", "plugins")
 
@@ -48,13 +50,20 @@ class Resume:
 
 def recorded_config(tracker: tracking.Tracker, run_id: str) -> dict[str, Any]:
     """A run's logged ``config.yaml``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
+    previous = os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"  # no progress bar for one small file
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
             path = tracker.client.download_artifacts(run_id, "config.yaml", tmp)
-        except Exception:
-            raise HarnessError(f"run {run_id} has no logged config.yaml, so it cannot be resumed.") from None
-        with open(path, encoding="utf-8") as fh:
-            return dict(yaml.safe_load(fh))
+            with open(path, encoding="utf-8") as fh:
+                return dict(yaml.safe_load(fh))
+    except Exception:
+        raise HarnessError(f"run {run_id} has no logged config.yaml, so it cannot be resumed.") from None
+    finally:
+        if previous is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = previous
 
 
 def find_run(tracker: tracking.Tracker, run_id: str) -> Any:

@@ -256,8 +256,7 @@ def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, t
                 raise ConfigError("--temperature: an encoder-decoder run decodes greedily (its "
                                   "greedy_decode); use --temperature 0.")
             src = torch.tensor([prompt], device=device)
-            out = model.greedy_decode(src, src == 0, max_new_tokens)[0].tolist()
-            return _until_eos(out)
+            return _until_eos(model.greedy_decode(src, src == 0, max_new_tokens)[0].tolist())
         context = list(prompt) + ([SEP] if trained.task_kind == "seq2seq" else [])
         if trained.task_kind == "lm" and not context:
             context = [BOS]
