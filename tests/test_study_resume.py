@@ -135,3 +135,41 @@ def test_sigusr1_checkpoints_the_trial_exits_75_and_the_next_worker_resumes_it(t
     (failed,) = [t for t in trials(args[1], "preempted", "tune", "mha") if t.number == victim.number]
     assert failed.state == TrialState.FAIL and "preempted" in failed.user_attrs["harness.failure"]
     _finish_and_check(tmp_path, path, args, "preempted", victim)
+
+
+@pytest.mark.slow
+def test_the_slurm_script_passes_sigusr1_on_and_requeues_the_job(tmp_path, monkeypatch):
+    """examples/slurm_study.sh as Slurm runs it (the batch script gets SIGUSR1 before the time
+    limit): the worker checkpoints and exits 75, and the script requeues its job (``scontrol``
+    is a stand-in that records its arguments)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HARNESS_HOME", str(home))
+    path, args = _study(tmp_path, "slurm", every=1000)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.log'}\n")
+    (fake / "scontrol").chmod(0o755)
+    script = Path(__file__).resolve().parent.parent / "examples" / "slurm_study.sh"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HARNESS_HOME": str(home), "SLURM_JOB_ID": "4242",
+           "HARNESS_STORAGE": args[1], "MLFLOW_TRACKING_URI": args[3],
+           "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", str(script), str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline, run = time.time() + 300, None
+        while run is None and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            for t in trials(args[1], "slurm", "tune", "mha"):
+                rid = t.user_attrs.get("harness.mlflow_run_id")
+                if rid and len(MlflowClient(args[3]).get_metric_history(rid, "train/loss")) >= 3:
+                    run = rid
+            time.sleep(0.2)
+        assert run is not None
+        proc.send_signal(signal.SIGUSR1)  # to the batch script, as --signal=B:USR1 does
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED_EXIT, out
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert checkpoint.latest(checkpoint.folder(run)) is not None
+    assert MlflowClient(args[3]).get_run(run).data.tags["harness.preempted"] == "true"
