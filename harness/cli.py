@@ -102,9 +102,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             return _train(args)
         except Interrupted as exc:
-            exc.resume = exc.resume or ("Resume it with `harness train --resume RUN_ID` if it saved "
-                                        "a checkpoint (train.checkpoint_every), else run the same "
-                                        "command again to train it from the start.")
+            exc.resume = exc.resume or ("Run the same command again to train it from the start, "
+                                        "or continue it with `harness train --resume RUN_ID` if it "
+                                        "saved a checkpoint (train.checkpoint_every).")
             raise
 
 
