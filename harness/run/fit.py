@@ -98,8 +98,10 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     with warnings.catch_warnings():
         for pattern in QUIET:
             warnings.filterwarnings("ignore", pattern)
-        trainer.fit(system, datamodule=dm, ckpt_path=resume.path if resume else None,
-                    weights_only=True)
+        if resume is None:
+            trainer.fit(system, datamodule=dm)
+        else:  # tensors and plain data only (harness.run.checkpoint)
+            trainer.fit(system, datamodule=dm, ckpt_path=resume.path, weights_only=True)
     seconds = time.perf_counter() - started
     results = trainer.callback_metrics
     rate = float(results.get(Metric.TOKENS_PER_S, 0.0))

@@ -161,7 +161,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             callback = trial_callback(
                 trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
                 prune=job.phase == Phase.TUNE and not cfg.multi_objective, max_steps=cfg.budget.steps)
-            resume = resumable_run(job.trial)
+            resume = resumable_run(handle, job.trial)
             if resume is not None:
                 log(f"{label} resuming run {resume} from its last checkpoint")
             result = train(run, registry=space.registry, parent_run_id=handle.parent_run_id,
@@ -198,17 +198,20 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             return "FAIL"
 
 
-def resumable_run(trial: Any) -> str | None:
+def resumable_run(handle: StudyHandle, trial: Any) -> str | None:
     """The MLflow run a retried trial continues: the run of the trial it retries (inherited in
-    its user attributes), when that run left a checkpoint; else None (it starts afresh)."""
+    its user attributes), when that run stopped (KILLED, or RUNNING when its worker died) and
+    left a checkpoint; else None (it starts afresh)."""
     from harness.run import checkpoint
 
     run_id = trial.user_attrs.get(Attr.RUN)
     if trial.system_attrs.get("failed_trial") is None or not run_id:
         return None
     try:
+        if handle.tracker.client.get_run(str(run_id)).info.status not in ("KILLED", "RUNNING"):
+            return None
         return str(run_id) if checkpoint.latest(checkpoint.folder(str(run_id))) is not None else None
-    except HarnessError:
+    except Exception:  # no such run or folder: start afresh
         return None
 
 
