@@ -56,7 +56,26 @@ from __future__ import annotations
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
+from harness.data.corpus import open_corpus, window_starts
 from harness.data.formats import as_lm
+from harness.data.labelled import (
+    SPLITS,
+    LabelledConfig,
+    LazyExamples,
+    TokenColumn,
+    cached_read,
+    empty_split_error,
+    encoded,
+    keep_smallest_hashes,
+    key_fraction,
+    note_truncated,
+    stream_splits,
+    tokenizer_for,
+    train_texts,
+    vocab_of,
+    where,
+)
+from harness.data.prepare import prepare as prepare_corpus
 from harness.data.tasks import (
     BOS,
     EOS,
@@ -72,6 +91,7 @@ from harness.data.tasks import (
 from harness.decoding import edit_distance, greedy, greedy_steps
 from harness.errors import ConfigError, PluginError
 from harness.hookspecs import hookimpl
+from harness.listing import cache_dir
 from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
@@ -130,5 +150,11 @@ __all__ = [
     "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
+    # prepared corpora (harness data prepare) and the harness's cache folder
+    "open_corpus", "prepare_corpus", "window_starts", "cache_dir",
     "greedy", "greedy_steps", "edit_distance",
+    # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
+    "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "cached_read", "stream_splits", "train_texts",
+    "tokenizer_for", "vocab_of", "encoded", "key_fraction", "keep_smallest_hashes", "note_truncated",
+    "empty_split_error", "where",
 ]

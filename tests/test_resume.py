@@ -210,3 +210,18 @@ def test_bad_resumes_are_one_paragraph_exit_2_and_change_nothing(store, capsys, 
     assert "there is no run 0123456789abcdef" in capsys.readouterr().err
     with pytest.raises(HarnessError, match="not an MLflow run id"):
         checkpoint.folder("../../etc")
+
+
+@pytest.mark.slow
+def test_a_streaming_task_resumes_at_its_position_in_the_stream(store, tmp_path):
+    """``corpus_lm`` draws fresh training windows every step (no training split): a resumed run
+    replays its stream to where it stopped and continues bit-exactly."""
+    from test_data_corpus_lm import corpus
+
+    path = corpus(tmp_path, docs=200)
+    cfg = {"task": {"name": "corpus_lm", "params": {"path": str(path), "length": 16, "eval_tokens": 64}},
+           "model": MODELS["transformer"], "train": {**TRAIN, "max_steps": 12}, "tracking": {"uri": store}}
+    full = train(cfg)
+    cut = interrupted(store, cfg, 7)
+    train(resume=cut, tracking_uri=store)
+    assert_same_run(store, full.run_id, cut)

@@ -39,8 +39,8 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
 #: and confirmation seeds count up from ``seed``: both must stay valid numpy seeds.
 StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
-MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
-MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
+MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error"})
+MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1", "macro_f1", "chrf", "exact_match"})
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
 COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),

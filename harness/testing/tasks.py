@@ -44,7 +44,8 @@ class TaskChecks(Checks):
                 shared = self.build(self.seed)
                 type.__setattr__(type(self), "_kit_task", shared)
             return shared
-        small = {k: v for k, v in self.sizes.items() if k in self.config_fields() and k not in self.params}
+        given = {**self.component().check_params, **self.params}
+        small = {k: v for k, v in self.sizes.items() if k in self.config_fields() and k not in given}
         return self.component().build(self.config(**small), seed=seed)
 
     def splits(self, task: Any) -> Iterator[tuple[str, int, list[dict[str, Any]]]]:
