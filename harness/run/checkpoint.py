@@ -275,7 +275,7 @@ def stop_requested() -> bool:
 def stop_on_sigusr1(forward: Any = ()) -> Any:
     """While the block runs, SIGUSR1 checkpoints the run at its next step and stops it (and
     is passed on to the processes in ``forward``: a study's extra workers)."""
-    if not hasattr(signal, "SIGUSR1") or threading_main() is False:
+    if not hasattr(signal, "SIGUSR1") or not threading_main():
         yield
         return
 
