@@ -25,11 +25,11 @@ from harness.run import checkpoint
 from harness.run.checkpoint import PREEMPTED_EXIT
 from harness.run.pipeline import train
 
-STEPS = 60
+STEPS = 200  # long enough that a polling test sees the trial under way
 
 
-def _study(tmp: Path, name: str, every: int) -> tuple[Path, list[str]]:
-    path = tiny_study(tmp, name, budget={"trials": 1, "steps": STEPS}, confirm={"seeds": 1},
+def _study(tmp: Path, name: str, every: int, steps: int = STEPS) -> tuple[Path, list[str]]:
+    path = tiny_study(tmp, name, budget={"trials": 1, "steps": steps}, confirm={"seeds": 1},
                       objective={"metric": "acc"}, pruner={"name": "none"},
                       task={"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 64, "num_val": 16}},
                       train={"batch_size": 8, "val_every": 20, "warmup_steps": 2, "num_threads": 1,
@@ -65,8 +65,11 @@ def _finish_and_check(tmp: Path, path: Path, args: list[str], name: str, victim:
     assert main(["study", "run", str(path), *args]) == 0  # the next worker
     tune = sorted(trials(storage, name, "tune", "mha"), key=lambda t: t.number)
     assert [t.state for t in tune] == [TrialState.FAIL, TrialState.COMPLETE]
-    retry = tune[1]
+    failed, retry = tune
     run_id = victim.user_attrs["harness.mlflow_run_id"]
+    # the reports made before the worker stopped stay (the pruner's decisions stand on them)
+    assert failed.intermediate_values.items() <= retry.intermediate_values.items()
+    assert sorted(retry.intermediate_values) == list(range(20, STEPS + 1, 20))
     assert retry.system_attrs["failed_trial"] == victim.number
     assert retry.user_attrs["harness.mlflow_run_id"] == run_id  # the same MLflow run, continued
     client = MlflowClient(uri)
@@ -108,7 +111,7 @@ def test_a_sigkilled_worker_s_trial_is_continued_from_its_checkpoint(tmp_path, m
 def test_sigusr1_checkpoints_the_trial_exits_75_and_the_next_worker_resumes_it(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("HARNESS_HOME", str(home))
-    path, args = _study(tmp_path, "preempted", every=1000)  # only SIGUSR1 writes one
+    path, args = _study(tmp_path, "preempted", every=100000)  # only SIGUSR1 writes one
     proc = _start(path, args, home)
     try:
         deadline = time.time() + 300
@@ -134,6 +137,7 @@ def test_sigusr1_checkpoints_the_trial_exits_75_and_the_next_worker_resumes_it(t
     assert run.info.status == "KILLED" and run.data.tags["harness.preempted"] == "true"
     (failed,) = [t for t in trials(args[1], "preempted", "tune", "mha") if t.number == victim.number]
     assert failed.state == TrialState.FAIL and "preempted" in failed.user_attrs["harness.failure"]
+    assert 20 in failed.intermediate_values  # reported before SIGUSR1 (>= 25 steps had run)
     _finish_and_check(tmp_path, path, args, "preempted", victim)
 
 
@@ -144,7 +148,7 @@ def test_the_slurm_script_passes_sigusr1_on_and_requeues_the_job(tmp_path, monke
     is a stand-in that records its arguments)."""
     home = tmp_path / "home"
     monkeypatch.setenv("HARNESS_HOME", str(home))
-    path, args = _study(tmp_path, "slurm", every=1000)
+    path, args = _study(tmp_path, "slurm", every=100000, steps=100000)  # stopped by the signal
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.log'}\n")
