@@ -89,7 +89,7 @@ from harness.data.tasks import (
     lm_windows,
 )
 from harness.decoding import edit_distance, greedy, greedy_steps
-from harness.errors import ConfigError, PluginError
+from harness.errors import ConfigError, MissingDataError, PluginError
 from harness.hookspecs import hookimpl
 from harness.listing import cache_dir
 from harness.nn import banded, linear_recurrence, selective, ssm
@@ -112,6 +112,7 @@ from harness.nn.blocks import (
     make_mlp,
     make_norm,
 )
+from harness.nn.both_ways import BothWays, reverse_rows
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
@@ -136,13 +137,13 @@ __all__ = [
     # hyper-parameters: bounds (hard limits) and search ranges
     "Ge", "Gt", "Le", "Lt", "Interval", "IntRange", "FloatRange", "Choice", "NoParams",
     # errors a plugin raises (a ValueError from a constructor also becomes a clean config error)
-    "ConfigError", "PluginError",
+    "ConfigError", "PluginError", "MissingDataError",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
     "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers
-    "Mixer", "LayerCache", "Complexity",
+    "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
     # models: backbone layers, recurrent layers and models

@@ -79,6 +79,9 @@ class Task:
     task_kind: ClassVar[str] = "lm"
     #: Log perplexity and bits per token (language-modelling tasks).
     report_perplexity: ClassVar[bool] = False
+    #: What a model factory learns from the task beyond its format (``TaskInfo.extra``), e.g.
+    #: ``{"two_tower": True}``: each input is ``doc1 SEP doc2`` (``lra_retrieval``).
+    model_hints: ClassVar[dict[str, Any]] = {}
     #: Streams its training data from :meth:`train_batches` (task kind ``lm``) instead of a
     #: list of ``num_train`` examples: a run draws fresh windows every step and never builds
     #: the training split; ``examples("train", n)`` is then only a small sample (for checks

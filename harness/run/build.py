@@ -68,7 +68,8 @@ def task_info(p: Plan, task: Task) -> TaskInfo:
                           f"{task.train_length}). Check its params (task.params).")
     max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
-        format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes
+        format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes,
+        extra=dict(task.model_hints),
     )
 
 
