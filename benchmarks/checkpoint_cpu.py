@@ -87,18 +87,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big-layers", type=int, default=14)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, to check the script runs (tests/test_benchmark_scripts.py)")
     args = parser.parse_args()
+    width, heads, steps = (128, 8, 40) if args.quick else (768, 12, 400)
+    if args.quick:
+        args.big_layers = 1
     load_before = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         rows.append(run("default transformer", {"name": "transformer"}, {"name": "copy"},
-                        {"max_steps": 400, "val_every": 200, "checkpoint_every": 100}, tmp))
-        big = {"name": "transformer", "params": {"d_model": 768, "layers": args.big_layers, "heads": 12}}
+                        {"max_steps": steps, "val_every": steps // 2, "checkpoint_every": steps // 4}, tmp))
+        big = {"name": "transformer", "params": {"d_model": width, "layers": args.big_layers, "heads": heads}}
         rows.append(run("~100M transformer", big,
                         {"name": "copy", "params": {"length": 16, "num_train": 64, "num_val": 8}},
                         {"max_steps": 6, "batch_size": 4, "val_every": 6, "checkpoint_every": 2}, tmp))
-        split = parts(768, args.big_layers, 12)
+        split = parts(width, args.big_layers, heads)
     load_after = os.getloadavg()
     import torch
 
