@@ -228,3 +228,31 @@ def test_a_streaming_task_resumes_at_its_position_in_the_stream(store, tmp_path)
     cut = interrupted(store, cfg, 7)
     train(resume=cut, tracking_uri=store)
     assert_same_run(store, full.run_id, cut)
+
+
+class SignalAt(L.Callback):
+    """What SIGUSR1's handler does, at the end of training step ``k``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.k:
+            checkpoint.request_stop()
+
+
+@pytest.mark.slow
+def test_sigusr1_on_a_run_checkpoints_stops_it_and_the_resumed_run_is_identical(store):
+    cfg = config(store, checkpoint_every="off")  # only the signal writes a checkpoint
+    full = train(cfg)
+    with checkpoint.stop_on_sigusr1(), pytest.raises(checkpoint.Preempted) as stopped:
+        train(cfg, callbacks=[SignalAt(6)])
+    assert stopped.value.code == checkpoint.PREEMPTED_EXIT and stopped.value.step == 6
+    client = MlflowClient(store)
+    (cut,) = [r for r in client.search_runs([client.get_experiment_by_name("harness").experiment_id])
+              if r.info.run_id != full.run_id]
+    assert cut.info.status == "KILLED" and cut.data.tags["harness.preempted"] == "true"
+    assert [s for s, _ in checkpoint.step_files(checkpoint.folder(cut.info.run_id))] == [6]
+    assert not checkpoint.stop_requested()  # the handler's flag is cleared on leaving
+    train(resume=cut.info.run_id, tracking_uri=store)
+    assert_same_run(store, full.run_id, cut.info.run_id)

@@ -316,6 +316,7 @@ class Checkpointing(L.Callback):
         self.resumed: dict[str, Any] | None = None
         self.saved: list[int] = []
         self._state: dict[str, Any] = {}  # what the checkpoint being written holds for us
+        self.stop_at: int | None = None  # SIGUSR1: the step checkpointed; stop before the next
 
     # restoring ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -402,8 +403,12 @@ class Checkpointing(L.Callback):
         if trainer.logger is not None and trainer.is_global_zero:
             trainer.logger.log_metrics({Metric.CHECKPOINT_MB: disk_bytes(self.root) / 2**20,
                                         Metric.CHECKPOINT_S: self.seconds}, step=step)
-        if stop_requested():
-            raise Preempted(step)
+        if stop_requested():  # stop before the next step: this one's metrics get logged first
+            self.stop_at = step
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.stop_at is not None:
+            raise Preempted(self.stop_at)
 
 
 def order_state(datamodule: Any, consumed: int) -> dict[str, Any] | None:
