@@ -29,7 +29,7 @@ class Tag:
     RERUN_OF = "harness.rerun_of"  # the run `harness train --from-run` re-ran
     BATCH_FORMAT = "harness.batch_format"
     FAILURE = "harness.failure"  # the reason a run FAILED
-    PRUNED = "harness.pruned"  # KILLED by the pruner
+    PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
     PREEMPTED = "harness.preempted"  # KILLED after checkpointing on SIGUSR1 (resumable)
     RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
@@ -50,6 +50,7 @@ class Tag:
     WORKER = "harness.worker"
     GIT_COMMIT = "mlflow.source.git.commit"
     PARENT_RUN = "mlflow.parentRunId"
+    NOTE = "mlflow.note.content"  # the run's description (Markdown), shown first on its page
 
 
 def component_tag(role: str, field: str | None = None) -> str:

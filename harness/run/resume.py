@@ -77,6 +77,8 @@ def find_run(tracker: tracking.Tracker, run_id: str) -> Any:
 def check_resumable(run: Any, *, allow_failed: bool = False) -> None:
     """Refuse a run that finished, failed or was pruned (see the module)."""
     run_id, status, tags = run.info.run_id, run.info.status, run.data.tags
+    if tags.get(Tag.PRUNED) == "true":
+        raise HarnessError(f"run {run_id} was pruned by its study's pruner; a pruned run is not resumed.")
     if status == "FINISHED":
         raise HarnessError(f"run {run_id} FINISHED: there is nothing left to resume. Train a new "
                            f"run (harness train), or export this one (harness export {run_id}).")
@@ -87,8 +89,6 @@ def check_resumable(run: Any, *, allow_failed: bool = False) -> None:
             f"checkpoint may hold the state that failed. Fix the cause and train it again with "
             f"`harness train --from-run {run_id}`."
         )
-    if tags.get(Tag.PRUNED) == "true":
-        raise HarnessError(f"run {run_id} was pruned by its study's pruner; a pruned run is not resumed.")
 
 
 def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
