@@ -46,6 +46,8 @@ MAX_SEED = 2**32 - 1
 MAX_STEPS = 10**9
 MAX_BATCH = 2**20
 MAX_SECONDS = 366 * 86400
+#: ``train.checkpoint_every`` as a time or 'off': ``10min``, ``1.5min``, ``off``.
+CHECKPOINT_EVERY = r"^(off|\d+(\.\d+)?min)$"
 
 
 class Strict(BaseModel):
@@ -164,6 +166,19 @@ class TrainConfig(Strict):
                                     "default; in a study worker, usable cores ÷ workers on the machine)")
     progress: bool = True
     checkpoint: bool = False
+    # -- checkpoints for resuming (harness.run.checkpoint) --
+    checkpoint_every: (Annotated[int, Field(ge=1, le=MAX_STEPS)]
+                       | Annotated[str, Field(pattern=CHECKPOINT_EVERY)] | None) = Field(
+        None, description="save a resumable checkpoint every N optimizer steps, or every so many "
+        "minutes ('10min'); 'off' never; unset: off on the CPU, '30min' on other devices")
+    checkpoint_keep: int = Field(2, ge=1, le=1000, description="newest checkpoints kept")
+    checkpoint_best: bool = Field(True, description="also keep the checkpoint with the best "
+                                  "checkpoint_metric (among those saved after a validation)")
+    checkpoint_metric: str = Field("val/loss", pattern=r"^val/[A-Za-z0-9_]+$",
+                                   description="what 'best' means: a validation metric")
+    checkpoint_mode: Literal["min", "max"] = "min"
+    save_model: bool = Field(True, description="keep the final weights (harness.load_model, "
+                             "harness generate, harness export)")
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
 
     @model_validator(mode="after")

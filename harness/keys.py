@@ -31,6 +31,8 @@ class Tag:
     FAILURE = "harness.failure"  # the reason a run FAILED
     PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
+    PREEMPTED = "harness.preempted"  # KILLED after checkpointing on SIGUSR1 (resumable)
+    RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     WARNINGS = "harness.warnings"  # legal but meaningless settings (harness.run.sanity)
     # the runs of a study (parent and children)
@@ -92,6 +94,8 @@ class Metric:
     EVAL_S = "cost/eval_s"  # wall time of the final evaluation
     TOTAL_S = "cost/total_s"  # wall time of the whole run, planning to recording
     THREADS = "cost/cpu_threads"  # torch CPU threads the run used
+    CHECKPOINT_MB = "cost/checkpoint_disk_mb"  # the run's checkpoint folder after a save
+    CHECKPOINT_S = "cost/checkpoint_s"  # wall time spent saving checkpoints (this process)
 
 
 def val_key(metric: str, length: int | None = None) -> str:

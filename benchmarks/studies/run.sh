@@ -27,7 +27,7 @@ start_uptime=$(uptime); start=$(date -u +%FT%TZ); t0=$(date +%s)
 sampler=$!
 trap 'kill $sampler 2>/dev/null || true' EXIT
 /usr/bin/time -v "${cmd[@]}" > "$scratch/stdout" 2> "$scratch/time" || {
-  tail -40 "$scratch/stdout" "$scratch/time"; exit 1; }
+  tail -n 40 "$scratch/stdout" "$scratch/time"; exit 1; }
 t1=$(date +%s); end=$(date -u +%FT%TZ); end_uptime=$(uptime)
 kill $sampler 2>/dev/null || true
 
