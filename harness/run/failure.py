@@ -81,12 +81,12 @@ def raised_by_plugin(exc: BaseException, p: Plan) -> bool:
     """Whether a ``SystemExit``, ``KeyboardInterrupt`` or other non-``Exception`` was raised
     inside a component's plugin (then it is the plugin's failure, named like any other), rather
     than by the user (Ctrl-C: :class:`~harness.errors.Interrupted`) or a signal (Lightning's
-    ``SIGTERMException``)."""
+    ``SIGTERMException``, SIGUSR1's ``Preempted``)."""
     from harness.errors import Interrupted
 
     if isinstance(exc, Exception | Interrupted):
         return False
-    if any(type(node).__name__ == "SIGTERMException" or isinstance(node, Interrupted)
+    if any(type(node).__name__ in ("SIGTERMException", "Preempted") or isinstance(node, Interrupted)
            for node in _chain(exc)):
         return False
     return blame(exc, p) is not None
