@@ -65,9 +65,17 @@ def seeds_text(n: float, difference: float = math.nan) -> str:
     return "more than 10,000" if math.isinf(n) else f"about {n:,.0f}"
 
 
+#: A relative mean difference below this is rounding, not a difference: metrics are logged as
+#: float32 (about 7 significant digits), so seeds at 0.525, 0.475 and 0.5 against 0.5 each
+#: average to about -1e-8, not 0.
+ROUNDING = 1e-6
+
+
 def seeds_for(cmp: Comparison) -> str:
-    """:func:`seeds_text` of a comparison."""
-    return seeds_text(cmp.seeds_needed, cmp.paired.mean_difference)
+    """:func:`seeds_text` of a comparison (a difference within :data:`ROUNDING` counts as 0)."""
+    paired = cmp.paired
+    rounding = math.isfinite(paired.relative_difference) and abs(paired.relative_difference) < ROUNDING
+    return seeds_text(cmp.seeds_needed, 0.0 if rounding else paired.mean_difference)
 
 
 def methods(results: list[CandidateResult], protocol: Protocol) -> str:
