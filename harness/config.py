@@ -135,6 +135,15 @@ class TrainConfig(Strict):
                     "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
     max_time_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap for fitting")
+    # Compute budgets (harness.run.flops): the steps follow from them, so max_steps is not set too.
+    max_flops: float | None = Field(
+        None, gt=0, le=1e30, exclude_if=lambda v: v is None,
+        description="training FLOPs of the run: max_steps = this / (FLOPs per token counted on one "
+                    "step x tokens per step), rounded")
+    max_tokens: int | None = Field(
+        None, ge=1, le=10**16, exclude_if=lambda v: v is None,
+        description="training tokens of the run (input tokens, padding included): max_steps = this "
+                    "/ tokens per step, rounded")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = "auto"
     devices: (Annotated[int, Field(ge=-1, le=4096)]
               | Annotated[str, Field(pattern=r"^(auto|-1|\d+|\d+(,\d+)*,?)$")]
@@ -152,6 +161,15 @@ class TrainConfig(Strict):
     progress: bool = True
     checkpoint: bool = False
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainConfig:
+        """A compute budget sets the steps: max_steps, max_flops and max_tokens exclude each other."""
+        given = [k for k in ("max_steps", "max_flops", "max_tokens")
+                 if k in self.model_fields_set and getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} both set the number of steps: keep one")
+        return self
 
     @model_validator(mode="after")
     def _weight_decay_per_optimizer(self) -> TrainConfig:

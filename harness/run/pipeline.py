@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +92,23 @@ def train(
     cfg = as_config(config)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
+    p = with_budget_steps(p)
     device = run_device(cfg.train.accelerator)
     return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
                 started)
+
+
+def with_budget_steps(p: Plan) -> Plan:
+    """The plan with ``train.max_steps`` set from a compute budget (``train.max_flops`` or
+    ``max_tokens``; :mod:`harness.run.flops`), before anything is recorded."""
+    from harness.run.flops import resolve_steps
+
+    t = p.config.train
+    if t.max_flops is None and t.max_tokens is None:
+        return p
+    steps = resolve_steps(p)
+    train = t.model_copy(update={"max_steps": steps})
+    return replace(p, config=p.config.model_copy(update={"train": train}))
 
 
 def _build(p: Plan, device: Any) -> Any:
