@@ -129,9 +129,10 @@ class _Uncounted:
                 self.flops += float(t.numel()) * (2.0 if t.is_complex() else 1.0)
 
 
-def probe(p: Any, *, measure_uncounted: bool = False) -> StepCost:
+def probe(p: Any, *, measure_uncounted: bool = False, task: Any = None) -> StepCost:
     """One training step's FLOPs per token and tokens per step for the plan ``p`` (see
-    module); ``measure_uncounted`` also runs the step under :class:`_Uncounted`."""
+    module); ``measure_uncounted`` also runs the step under :class:`_Uncounted`. ``task``:
+    the run's task if already built (from ``train.data_seed``)."""
     import lightning as L
     import torch
 
@@ -139,7 +140,7 @@ def probe(p: Any, *, measure_uncounted: bool = False) -> StepCost:
     from harness.run.system import HarnessSystem, masked_stats
 
     t = p.config.train
-    task = build_task(p, seed=t.data_seed)
+    task = task if task is not None else build_task(p, seed=t.data_seed)
     info = task_info(p, task)
     examples = task.examples("train", task.train_length)
     batch = p.fmt.collate(examples[: t.batch_size], task.task_kind)
@@ -162,6 +163,28 @@ def probe(p: Any, *, measure_uncounted: bool = False) -> StepCost:
             extra = mode.flops
     tokens = max(p.fmt.tokens(small), 1)
     return StepCost(counted / tokens, tokens_per_step, extra / tokens)
+
+
+def estimate(p: Any, task: Any = None) -> StepCost:
+    """An analytic estimate without running anything: 6 x the parameters of the model built
+    on the ``meta`` device (no memory, no initialisation), embedding tables excluded, and
+    the tokens of one batch. Good to a factor well under 2 for every registered model; used
+    to skip the measured probe where a budget buys thousands of steps either way."""
+    import torch
+
+    from harness.run.build import build_model, build_task, task_info
+
+    t = p.config.train
+    task = task if task is not None else build_task(p, seed=t.data_seed)
+    info = task_info(p, task)
+    examples = task.examples("train", task.train_length)
+    batch = p.fmt.collate(examples[: t.batch_size], task.task_kind)
+    tokens_per_step = float(p.fmt.tokens(batch)) * t.batch_size / max(min(t.batch_size, len(examples)), 1)
+    with torch.device("meta"):
+        model = build_model(p, info)
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    n = sum(q.numel() for q in model.parameters() if q.requires_grad and id(q) not in lookups)
+    return StepCost(6.0 * n, tokens_per_step)
 
 
 def resolve_steps(p: Any, cost: StepCost | None = None) -> int:
