@@ -144,6 +144,10 @@ class TrainConfig(Strict):
         None, ge=1, le=10**16, exclude_if=lambda v: v is None,
         description="training tokens of the run (input tokens, padding included): max_steps = this "
                     "/ tokens per step, rounded")
+    flops_count: Literal["matmul", "all"] = Field(
+        "matmul", exclude_if=lambda v: v == "matmul",
+        description="what max_flops counts: matrix products (FlopCounterMode), or also the "
+                    "element-wise and FFT work it misses (docs/scaling.md: 59-75% more for h3)")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = "auto"
     devices: (Annotated[int, Field(ge=-1, le=4096)]
               | Annotated[str, Field(pattern=r"^(auto|-1|\d+|\d+(,\d+)*,?)$")]

@@ -95,6 +95,7 @@ class Metric:
     TRAIN_FLOPS = "cost/train_flops"  # realised: flops_per_token x train_tokens
     BUDGET_FLOPS = "cost/budget_flops"  # train.max_flops, when the run had one
     BUDGET_TOKENS = "cost/budget_tokens"  # train.max_tokens, when the run had one
+    UNCOUNTED_FLOPS_PER_TOKEN = "cost/uncounted_flops_per_token"  # train.flops_count: all
 
 
 def val_key(metric: str, length: int | None = None) -> str:

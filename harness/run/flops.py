@@ -10,13 +10,17 @@ same counter as :class:`harness.run.meters.StepProbe`, so the budget and the rea
 
 What the counter counts: matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, the
 fused attention kernels, convolutions), 2 FLOPs per multiply-add, forward and backward; for
-a Transformer that is 6N + 12·layers·d·L per token (N: the parameters of matrix products,
-the tied or untied output head included, embedding lookups excluded; L: the context, the
-causal mask not discounted) within a few percent (``tests/test_flops.py``). What it does not
+a Transformer that is exactly 6N + 14·layers·d·L per token (N: the weights of matrix
+products, the tied or untied output head included, embedding lookups excluded; L: the
+context, the causal mask not discounted; 14 rather than the usual 12 because the fused
+kernels' backward recomputes QK^T, which torch's formula counts): within 5% of the 6N +
+12·layers·d·L convention while L is at most about the width (``tests/test_flops.py``). What it does not
 count: element-wise work (activations, norms, gates, the softmax), recurrent scans written
 as element-wise loops, ``cumsum``, and FFTs. ``probe(..., measure_uncounted=True)`` measures
 that work (one FLOP per element an uncounted operation writes, 5·n·log2(n) per FFT of length
-n) so docs/scaling.md can state each mixer's share (``benchmarks/uncounted_flops.py``).
+n) so docs/scaling.md can state each mixer's share (``benchmarks/uncounted_flops.py``), and
+``train.flops_count: all`` adds it to what a FLOP budget counts (the realised compute then
+adds the probe's uncounted FLOPs per token to the counted ones of the run).
 """
 
 from __future__ import annotations
@@ -193,16 +197,19 @@ def resolve_steps(p: Any, cost: StepCost | None = None) -> int:
     t = p.config.train
     if t.max_flops is None and t.max_tokens is None:
         return int(t.max_steps)
-    cost = cost or probe(p)
+    count_all = t.flops_count == "all"
+    cost = cost or probe(p, measure_uncounted=count_all)
     if t.max_flops is not None:
         if cost.flops_per_token <= 0:
             raise ConfigError(
                 "train.max_flops: the model of this run does no counted matrix products "
                 "(FLOPs per token: 0), so a FLOP budget cannot set its steps; use "
                 "train.max_tokens or train.max_steps.")
-        steps, what = cost.steps_for_flops(t.max_flops), f"train.max_flops = {t.max_flops:.3g}"
-        one = cost.flops_per_token * cost.tokens_per_step
-        unit = f"one step costs {one:.3g} FLOPs ({cost.flops_per_token:.3g} per token x " \
+        steps = cost.steps_for_flops(t.max_flops, count_all=count_all)
+        what = f"train.max_flops = {t.max_flops:.3g}"
+        per_token = cost.flops_per_token + (cost.uncounted_per_token if count_all else 0.0)
+        one = per_token * cost.tokens_per_step
+        unit = f"one step costs {one:.3g} FLOPs ({per_token:.3g} per token x " \
                f"{cost.tokens_per_step:.0f} tokens)"
     else:
         steps, what = cost.steps_for_tokens(float(t.max_tokens or 0)), f"train.max_tokens = {t.max_tokens}"

@@ -126,6 +126,8 @@ def run_budget(config: Any, cand: Any) -> dict[str, Any]:
     b = config.budget
     cell = cand.candidate.cell if cand is not None else None
     out: dict[str, Any] = {"max_time_s": b.seconds or b.time_per_run_s}
+    if b.count == "all":
+        out["flops_count"] = "all"
     if cell is not None:
         out["max_flops" if cell.unit == "flops" else "max_tokens"] = (
             cell.budget if cell.unit == "flops" else int(round(cell.budget)))
@@ -138,11 +140,13 @@ def run_budget(config: Any, cand: Any) -> dict[str, Any]:
     return out
 
 
-def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> int | None:
+def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> tuple[int | None, float | None]:
     """The steps a candidate's base configuration trains under a compute budget (None for a
-    step budget); a ConfigError naming the candidate when the budget buys less than one step."""
+    step budget) and, where it was measured, the share of uncounted work (element-wise,
+    FFT) in its counted FLOPs; a ConfigError naming the candidate when the budget buys less
+    than one step."""
     if "max_flops" not in run["train"] and "max_tokens" not in run["train"]:
-        return None
+        return None, None
     from harness.config import parse_run_config
     from harness.run.flops import estimate, probe, resolve_steps
     from harness.run.plan import plan
@@ -153,14 +157,16 @@ def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> int | None:
         t = p.config.train
         rough_steps = (rough.steps_for_flops(t.max_flops) if t.max_flops is not None
                        else rough.steps_for_tokens(float(t.max_tokens or 0)))
-        if rough_steps > ROUGH_ENOUGH:  # thousands of steps: measuring cannot change the answer
-            return round(rough_steps)
+        if rough_steps > ROUGH_ENOUGH:  # hundreds of steps: measuring cannot change the answer
+            return round(rough_steps), None
         key = json.dumps({k: run[k] for k in ("task", "model")} | {
             "train": {k: v for k, v in run["train"].items() if k not in ("max_flops", "max_tokens")}},
             sort_keys=True, default=str)
         if key not in _PROBED:
-            _PROBED[key] = probe(p, task=space.task)
-        return resolve_steps(p, _PROBED[key])
+            _PROBED[key] = probe(p, task=space.task, measure_uncounted=True)
+        cost = _PROBED[key]
+        share = cost.uncounted_per_token / cost.flops_per_token if cost.flops_per_token else None
+        return resolve_steps(p, cost), share
     except ConfigError as exc:
         cell = cand.candidate.cell
         where = (f"scaling.budgets ({cell.budget:.3g}) at scaling.sizes[{cell.size}]"

@@ -131,6 +131,10 @@ class Budget(Strict):
                                             "counted on one step; see docs/scaling.md)")
     tokens: int | None = Field(None, ge=1, le=10**16, exclude_if=lambda v: v is None,
                                description="training tokens of every run")
+    count: Literal["matmul", "all"] = Field(
+        "matmul", exclude_if=lambda v: v == "matmul",
+        description="what budget.flops (and scaling.budgets in FLOPs) count: matrix products, or "
+                    "also the element-wise and FFT work the counter misses (docs/scaling.md)")
     seconds: float | None = Field(None, gt=0, le=MAX_SECONDS, exclude_if=lambda v: v is None,
                                   description="wall clock of every run's training on the machine "
                                               "at hand (machine-dependent); needs steps as the cap")

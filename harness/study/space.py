@@ -39,10 +39,12 @@ TRAIN_SEARCHABLE: dict[str, type] = {
     "label_smoothing": float, "grad_clip": float, "optimizer": str, "schedule": str,
     "momentum": float, "min_lr_ratio": float,
 }
+#: A candidate whose uncounted work exceeds this share of the counted FLOPs gets a note.
+UNCOUNTED_NOTE = 0.05
 #: Training settings the protocol sets; the YAML must not.
 TRAIN_PROTOCOL = {
     "max_steps": "budget.steps", "max_time_s": "budget.time_per_run_s (or budget.seconds)",
-    "max_flops": "budget.flops", "max_tokens": "budget.tokens",
+    "max_flops": "budget.flops", "max_tokens": "budget.tokens", "flops_count": "budget.count",
     "seed": "seed (tuning) and confirm.seeds", "data_seed": "data_seed",
 }
 
@@ -350,12 +352,19 @@ def _check_compute(space: StudySpace) -> None:
     land more than 1% off their budget (steps are whole), which the report flags."""
     if space.config.budget.currency not in ("flops", "tokens") and space.config.scaling is None:
         return
-    few = []
+    few, missed = [], []
     for cand in space.candidates:
         run = space.run_config(cand, None, seed=space.config.seed)
-        steps = check_one_step(space, cand, run)
+        steps, share = check_one_step(space, cand, run)
         if steps is not None and steps < 50:
             few.append(f"{cand.name} ({steps})")
+        if share is not None and share > UNCOUNTED_NOTE and space.config.budget.count == "matmul":
+            missed.append(f"{cand.name} ({share:.0%})")
+    if missed:
+        space.notes.append(
+            "FLOP budgets count matrix products only; the element-wise and FFT work the counter "
+            "misses is more than " f"{UNCOUNTED_NOTE:.0%} of the counted for: " + ", ".join(missed)
+            + ": at equal counted FLOPs these do more work (budget.count: all counts it)")
     if few:
         space.notes.append("compute budgets that buy fewer than 50 steps land up to 1/(2 steps) "
                            "off their budget (steps are whole): " + ", ".join(few))
