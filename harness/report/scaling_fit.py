@@ -20,8 +20,10 @@ Pure numerics on numpy and scipy (no stores, no torch), so they are tested on sy
   scaled by sqrt(n/(n-1)) so their spread is the unbiased one), then refits everything.
   Resampling the seeds of a cell on its own would give a 3-seed cell only ten distinct
   resamples and intervals far too narrow (``benchmarks/interval_coverage.md``); cells
-  with a single run contribute no residual. With no replicated cell, the residuals of the
-  frontier fit (scaled by sqrt(n/(n-p))) are resampled instead.
+  with a single run contribute no residual. With no replicated cell, each cell is redrawn
+  from its iso-FLOP parabola's fitted value plus the parabolas' pooled log residuals (scaled
+  by sqrt(n/(n-p))); with only 3 sizes a budget (no residual degrees of freedom) the frontier
+  fit's residuals are resampled instead, and the N*(C) exponent then has no interval.
 * :func:`crossover`: the compute at which one candidate's fitted frontier falls below
   another's, with its percentile interval over paired bootstrap replicates, or none within
   the range searched; flagged when it lies more than :data:`EXTRAPOLATION_LIMIT` times past
@@ -301,27 +303,38 @@ def fit_candidate(name: str, runs: Sequence[Run], *, confidence: float = 0.95,
     rng = np.random.default_rng(seed)
     keys = sorted(grid)
     notes = []
+    fitted_cells: dict[tuple[float, float], float] = {}
     if residuals:
         source = (f"log residuals of {sum(len(v) for v in grid.values() if len(v) > 1)} runs "
                   f"in {sum(len(v) > 1 for v in grid.values())} replicated cells, pooled")
         pool = np.asarray(residuals)
     else:
-        fitted = law.log_loss(np.array([p.budget for p in profiles]))
-        res = np.log([p.loss_opt for p in profiles]) - fitted
-        dof = max(len(res) - 3, 1)
-        pool = res * math.sqrt(len(res) / dof)
-        source = "residuals of the frontier fit (no cell has two seeds)"
-        notes.append("one seed per (size, budget): the intervals rest on the frontier fit's "
-                     "residuals alone")
+        by_budget = {p.budget: p for p in profiles}
+        res = np.array([math.log(means[k]) - math.log(float(by_budget[k[0]](k[1]))) for k in keys])
+        dof = len(keys) - 3 * len(profiles)
+        if dof > 0:  # one seed a cell: the residuals of the iso-FLOP parabolas
+            pool = res * math.sqrt(len(res) / dof)
+            fitted_cells = {k: float(by_budget[k[0]](k[1])) for k in keys}
+            source = (f"log residuals of the iso-FLOP parabolas ({len(keys)} cells, one seed "
+                      f"each; {dof} degrees of freedom)")
+        else:
+            fitted = law.log_loss(np.array([p.budget for p in profiles]))
+            res = np.log([p.loss_opt for p in profiles]) - fitted
+            pool = res * math.sqrt(len(res) / max(len(res) - 3, 1))
+            fitted_cells = {}
+            source = "residuals of the frontier fit (no cell has two seeds, 3 sizes a budget)"
+            notes.append("one seed per (size, budget) and 3 sizes a budget: the intervals rest on "
+                         "the frontier fit's residuals alone, and the N*(C) exponent has none")
     reps: list[PowerLaw] = []
     alphas, es, as_, ns = [], [], [], []
     for _ in range(n_boot):
-        if residuals:
+        if residuals or fitted_cells:
             sample = {}
             for k in keys:
                 n = len(grid[k])
                 draw = rng.choice(pool, size=n, replace=True)
-                sample[k] = float(np.mean(np.exp(np.log(means[k]) + draw - 0.0)))
+                base = means[k] if residuals else fitted_cells[k]
+                sample[k] = float(np.mean(np.exp(math.log(base) + draw)))
             try:
                 _, profs = _frontier(sample)
                 rep = fit_power_law([p.budget for p in profs], [p.loss_opt for p in profs],

@@ -169,7 +169,7 @@ def probe(p: Any, *, measure_uncounted: bool = False, task: Any = None) -> StepC
     return StepCost(counted / tokens, tokens_per_step, extra / tokens)
 
 
-def estimate(p: Any, task: Any = None) -> StepCost:
+def estimate(p: Any, task: Any = None, info: Any = None) -> StepCost:
     """An analytic estimate without running anything: 6 x the parameters of the model built
     on the ``meta`` device (no memory, no initialisation), embedding tables excluded, and
     the tokens of one batch. Good to a factor well under 2 for every registered model; used
@@ -180,7 +180,7 @@ def estimate(p: Any, task: Any = None) -> StepCost:
 
     t = p.config.train
     task = task if task is not None else build_task(p, seed=t.data_seed)
-    info = task_info(p, task)
+    info = info if info is not None else task_info(p, task)
     examples = task.examples("train", task.train_length)
     batch = p.fmt.collate(examples[: t.batch_size], task.task_kind)
     tokens_per_step = float(p.fmt.tokens(batch)) * t.batch_size / max(min(t.batch_size, len(examples)), 1)

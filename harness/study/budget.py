@@ -28,9 +28,13 @@ from harness.errors import ConfigError
 
 #: Above this many estimated steps the one-step check does not measure: the estimate
 #: (harness.run.flops.estimate) is within a factor 2 of the count for every registered model.
-ROUGH_ENOUGH = 400
+ROUGH_ENOUGH = 100
+#: The smallest size of each candidate is measured (its uncounted share) unless it trains this
+#: many steps or more (then it is too large to measure quickly on a CPU).
+MEASURE_BELOW = 10**6
 #: Measured step costs by configuration (the budgets of a scaling study share them).
 _PROBED: dict[str, Any] = {}
+_INFO: dict[tuple[int, str], Any] = {}
 
 
 def budget_label(value: float) -> str:
@@ -148,16 +152,23 @@ def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> tuple[int | No
     if "max_flops" not in run["train"] and "max_tokens" not in run["train"]:
         return None, None
     from harness.config import parse_run_config
+    from harness.run.build import task_info
     from harness.run.flops import estimate, probe, resolve_steps
     from harness.run.plan import plan
 
     try:
         p = plan(parse_run_config(run), space.registry)
-        rough = estimate(p, space.task)
+        info_key = (id(space.task), str(p.fmt))
+        if info_key not in _INFO:
+            _INFO[info_key] = task_info(p, space.task)
+        rough = estimate(p, space.task, _INFO[info_key])
         t = p.config.train
         rough_steps = (rough.steps_for_flops(t.max_flops) if t.max_flops is not None
                        else rough.steps_for_tokens(float(t.max_tokens or 0)))
-        if rough_steps > ROUGH_ENOUGH:  # hundreds of steps: measuring cannot change the answer
+        first = cand.candidate.cell is None or cand.candidate.cell.size == 0
+        if rough_steps > ROUGH_ENOUGH and not (first and rough_steps < MEASURE_BELOW):
+            # a hundred steps or more: measuring cannot change the answer (the uncounted
+            # share is measured on each candidate's smallest size)
             return round(rough_steps), None
         key = json.dumps({k: run[k] for k in ("task", "model")} | {
             "train": {k: v for k, v in run["train"].items() if k not in ("max_flops", "max_tokens")}},

@@ -195,11 +195,14 @@ class SamplerConfig(Strict):
 
 
 class PrunerConfig(Strict):
-    name: Literal["none", "median", "hyperband"] = "median"
+    name: Literal["none", "median", "hyperband", "successive_halving"] = "median"
     startup_trials: int = Field(2, ge=0, le=100_000,
                                 description="median: trials completed before pruning starts")
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="median: no pruning before this step")
-    reduction_factor: int = Field(3, ge=2, le=100, description="hyperband")
+    reduction_factor: int = Field(3, ge=2, le=100, description="hyperband, successive_halving")
+    min_resource: int | None = Field(
+        None, ge=1, le=MAX_STEPS, exclude_if=lambda v: v is None,
+        description="hyperband, successive_halving: steps of the first rung (default: train.val_every)")
 
 
 class ConfirmConfig(Strict):

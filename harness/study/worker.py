@@ -62,7 +62,14 @@ def make_pruner(config: StudyConfig) -> Any:
         return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials,
                                            n_warmup_steps=p.warmup_steps)
     steps = config.budget.steps if config.budget.currency == "steps" else None
-    val_every = int(config.train.get("val_every", 250))
+    val_every = p.min_resource or int(config.train.get("val_every", 250))
+    if p.name == "successive_halving":
+        # asynchronous successive halving (Li et al. 2020): a trial passes rung k (val_every
+        # x factor^k steps) only in the top 1/factor of the trials that reached it (the first
+        # trials: only if best so far), so most configurations cost one short rung
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=min(val_every, steps or val_every), reduction_factor=p.reduction_factor,
+            min_early_stopping_rate=0)
     # a compute budget gives each candidate its own steps: Optuna's "auto" takes the first
     # trial's last reported step
     return optuna.pruners.HyperbandPruner(min_resource=min(val_every, steps or val_every),
