@@ -144,9 +144,10 @@ STUDY: dict[str, Any] = {
         "search_declared": False, "attention": {"name": "multi_head", "search_declared": False},
         "position": {"name": "rope", "search_declared": False}}}],
     "objective": {"metric": "loss"},
-    "scaling": {"sizes": [{"d_model": 8, "heads": 2}, {"d_model": 16, "heads": 2},
+    # every cell trains at least 50 steps, so rounding to whole steps stays under 1%
+    "scaling": {"sizes": [{"d_model": 16, "heads": 2}, {"d_model": 24, "heads": 2},
                           {"d_model": 32, "heads": 2}],
-                "budgets": [4e7, 1.3e8, 4e8],
+                "budgets": [5e8, 1.6e9, 5e9],
                 "transfer": {"rule": "scaled", "lr": 1e-2, "width": 16}},
     "train": {"batch_size": 8, "val_every": 1000, "warmup_steps": 2, "num_threads": 1},
     "budget": {"trials": 1},
@@ -177,18 +178,19 @@ def load(path: Any) -> Any:
 def test_a_scaling_study_crosses_candidates_sizes_and_budgets(tmp_path):
     space = load(study(tmp_path))
     names = [c.name for c in space.candidates]
-    assert len(names) == 9 and names[0] == "att.s1.c4e7" and names[-1] == "att.s3.c4e8"
-    run = space.run_config(space.candidates[0], None, seed=0)
-    assert run["train"]["max_flops"] == 4e7 and "max_steps" not in run["train"]
-    assert run["model"]["params"]["d_model"] == 8
-    assert run["train"]["lr"] == pytest.approx(2e-2)  # 1e-2 x 16/8: the 1/width rule
+    assert len(names) == 9 and names[0] == "att.s1.c5e8" and names[-1] == "att.s3.c5e9"
+    run = space.run_config(space.candidates[3], None, seed=0)
+    assert run["train"]["max_flops"] == 5e8 and "max_steps" not in run["train"]
+    assert run["model"]["params"]["d_model"] == 24
+    assert run["train"]["lr"] == pytest.approx(1e-2 * 16 / 24)  # the 1/width rule
+    assert not any("fewer than 50 steps" in n for n in space.notes)
 
 
 @pytest.mark.parametrize(("scaling", "message"), [
     ({"budgets": [1e8, 1e9]}, "at least 3 items"),
     ({"budgets": [1e8, 1e9, 1e9]}, "at least 3 distinct budgets"),
     ({"budgets": [1e8, 2e8, 5e8]}, "span at least 10x"),
-    ({"sizes": [{"d_model": 8, "heads": 2}, {"d_model": 16, "heads": 2}]}, "at least 3 items"),
+    ({"sizes": [{"d_model": 16, "heads": 2}, {"d_model": 32, "heads": 2}]}, "at least 3 items"),
 ])
 def test_a_bad_scaling_grid_is_refused_with_the_field(tmp_path, scaling, message):
     from harness.study.schema import load_study_config
@@ -199,7 +201,7 @@ def test_a_bad_scaling_grid_is_refused_with_the_field(tmp_path, scaling, message
 
 
 def test_a_size_that_makes_an_invalid_model_is_refused_before_anything_runs(tmp_path):
-    sizes = [{"d_model": 8, "heads": 2}, {"d_model": 18, "heads": 4}, {"d_model": 32, "heads": 2}]
+    sizes = [{"d_model": 16, "heads": 2}, {"d_model": 18, "heads": 4}, {"d_model": 32, "heads": 2}]
     with pytest.raises(ConfigError, match=r"scaling.sizes\[1\].*divisible by heads"):
         load(study(tmp_path, scaling={"sizes": sizes}))
 

@@ -267,7 +267,7 @@ def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[t
             ns = sorted({r.params for r in pts})
             z = np.logspace(math.log10(ns[0] / 1.3), math.log10(ns[-1] * 1.3), 60)
             ax.plot(z, p(z), color=color, label=f"C = {p.budget:.2g}")
-            ax.scatter([p.n_opt], [p.loss_opt], marker="*" if p.bracketed else "x", s=80,
+            ax.scatter([p.n_opt], [p.loss_opt], marker="*" if p.bracketed else "X", s=80,
                        color=color, edgecolor="black", zorder=3)
         ax.set_xscale("log")
         ax.set_xlabel("parameters N")
