@@ -101,6 +101,8 @@ def _numeric_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
     out = []
     for name, info in model.model_fields.items():
         ann = info.annotation
+        if typing.get_origin(ann) is list:  # items are not reachable by a dotted path
+            continue
         args = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
         for arg in args:
             if isinstance(arg, type) and issubclass(arg, BaseModel):
@@ -178,6 +180,11 @@ def test_study_numbers_are_refused_naming_the_field_or_accepted_in_range(field, 
 
     path, info = field
     data = copy.deepcopy(STUDY)
+    if path.startswith("scaling."):  # a scaling section needs its grid; its cells set the length
+        data["scaling"] = {"sizes": [{"d_model": 16}, {"d_model": 32}, {"d_model": 64}],
+                           "budgets": [1e9, 1e10, 1e11]}
+        data["budget"] = {"trials": 1}
+        data["objective"] = {"metric": "loss"}
     node: dict[str, Any] = data
     *parents, leaf = path.split(".")
     for part in parents:
