@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
-EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold")
+EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold",
+                     "harness.data.cli")
 
 
 class _Version(argparse.Action):

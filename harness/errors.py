@@ -18,6 +18,12 @@ class ConfigError(HarnessError):
     """A run or study configuration is invalid; the message names the field."""
 
 
+class MissingDataError(ConfigError):
+    """A task reads files the user supplies (a dataset's own release) and they are not where
+    its config says; the message names what to download and where to put it. The
+    conformance kit reports a task's checks as not applicable when its data is missing."""
+
+
 class UnknownNameError(HarnessError):
     """A plugin name (attention, position, model, task) is not registered."""
 

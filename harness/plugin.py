@@ -56,7 +56,26 @@ from __future__ import annotations
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
+from harness.data.corpus import open_corpus, window_starts
 from harness.data.formats import as_lm
+from harness.data.labelled import (
+    SPLITS,
+    LabelledConfig,
+    LazyExamples,
+    TokenColumn,
+    cached_read,
+    empty_split_error,
+    encoded,
+    keep_smallest_hashes,
+    key_fraction,
+    note_truncated,
+    stream_splits,
+    tokenizer_for,
+    train_texts,
+    vocab_of,
+    where,
+)
+from harness.data.prepare import prepare as prepare_corpus
 from harness.data.tasks import (
     BOS,
     EOS,
@@ -70,8 +89,9 @@ from harness.data.tasks import (
     lm_windows,
 )
 from harness.decoding import edit_distance, greedy, greedy_steps
-from harness.errors import ConfigError, PluginError
+from harness.errors import ConfigError, MissingDataError, PluginError
 from harness.hookspecs import hookimpl
+from harness.listing import cache_dir
 from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
@@ -92,6 +112,7 @@ from harness.nn.blocks import (
     make_mlp,
     make_norm,
 )
+from harness.nn.both_ways import BothWays, reverse_rows
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
@@ -116,13 +137,13 @@ __all__ = [
     # hyper-parameters: bounds (hard limits) and search ranges
     "Ge", "Gt", "Le", "Lt", "Interval", "IntRange", "FloatRange", "Choice", "NoParams",
     # errors a plugin raises (a ValueError from a constructor also becomes a clean config error)
-    "ConfigError", "PluginError",
+    "ConfigError", "PluginError", "MissingDataError",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
     "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers
-    "Mixer", "LayerCache", "Complexity",
+    "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
     # models: backbone layers, recurrent layers and models
@@ -130,5 +151,11 @@ __all__ = [
     "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
+    # prepared corpora (harness data prepare) and the harness's cache folder
+    "open_corpus", "prepare_corpus", "window_starts", "cache_dir",
     "greedy", "greedy_steps", "edit_distance",
+    # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
+    "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "cached_read", "stream_splits", "train_texts",
+    "tokenizer_for", "vocab_of", "encoded", "key_fraction", "keep_smallest_hashes", "note_truncated",
+    "empty_split_error", "where",
 ]

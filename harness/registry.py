@@ -81,6 +81,9 @@ class Spec:
     shown by ``harness list -v`` and ``harness check``, never skipped silently.
     ``reference``: an independent float64 implementation that the conformance kit compares
     the component with on random inputs (its signature per kind: :mod:`harness.testing`).
+    ``check_params``: hyper-parameters the conformance kit uses under the ones its caller
+    gives, for a component whose defaults cannot be built on their own (a task that reads
+    the user's files names a small sample shipped with it).
     """
 
     kind: ClassVar[str] = ""
@@ -90,6 +93,7 @@ class Spec:
     description: str = ""
     exempt: dict[str, str] = field(default_factory=dict)
     reference: Callable[..., Any] | None = None
+    check_params: dict[str, Any] = field(default_factory=dict)
     plugin: str = ""
     distribution: str = ""
     version: str = ""

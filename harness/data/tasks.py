@@ -9,7 +9,7 @@ token ids, deterministically from its seed. The examples' form is fixed by the t
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
@@ -79,6 +79,18 @@ class Task:
     task_kind: ClassVar[str] = "lm"
     #: Log perplexity and bits per token (language-modelling tasks).
     report_perplexity: ClassVar[bool] = False
+    #: What a model factory learns from the task beyond its format (``TaskInfo.extra``), e.g.
+    #: ``{"two_tower": True}``: each input is ``doc1 SEP doc2`` (``lra_retrieval``).
+    model_hints: ClassVar[dict[str, Any]] = {}
+    #: Streams its training data from :meth:`train_batches` (task kind ``lm``) instead of a
+    #: list of ``num_train`` examples: a run draws fresh windows every step and never builds
+    #: the training split; ``examples("train", n)`` is then only a small sample (for checks
+    #: and inspection), never trained on.
+    streams: ClassVar[bool] = False
+    #: Per token id, the UTF-8 bytes of text it stands for (0 for special tokens), or None.
+    #: When set, validation also logs bits per byte (``bpb``): the scored tokens' total bits
+    #: over the bytes of the text they spell, comparable across tokenizers.
+    token_bytes: Sequence[int] | None = None
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config
@@ -112,6 +124,15 @@ class Task:
     def generate(self, split: str, length: int) -> Sequence[Example]:
         raise NotImplementedError
 
+    def train_batches(self, length: int, batch_size: int, *, seed: int, rank: int = 0,
+                      world: int = 1) -> Iterator[Any]:
+        """A streaming task's training data (``streams = True``): an endless iterator of
+        integer arrays of shape ``(batch_size, length + 1)``, each row a window of token ids
+        whose every next token is scored. Process ``rank`` of ``world`` gets its own
+        windows: no two processes read the same window in one step. ``seed`` is the run's
+        training seed (the order of the data), the task's own seed its data."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream (streams = False)")
+
     def transduction_examples(self, split: str, length: int,
                               target: Callable[[list[int]], list[int]]) -> list[Example]:
         """Seq2seq examples of a symbol task (copy, reverse, sort): each source is ``length``
@@ -128,6 +149,19 @@ class Task:
         """Task-specific metrics on one validation batch, as (sum, count) pairs that are
         summed over batches. Default: none. (Greedy-decoding metrics such as phoneme error
         rate go here.)"""
+        return {}
+
+    def statistics(self, model: Any, batch: dict[str, Any], fmt: BatchFormat, logits: Any) -> dict[str, float]:
+        """Counts from one validation batch (``logits``: the model's output on it), summed over
+        the whole validation set and over devices, then turned into metrics by
+        :meth:`metrics_from_statistics`: for metrics that are not a ratio of two sums
+        (macro-F1 from per-class counts, chrF and BLEU from n-gram counts). Every batch must
+        return the same names (devices sum them name by name). Default: none."""
+        return {}
+
+    def metrics_from_statistics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Metrics from the :meth:`statistics` summed over a validation set (empty when the
+        task has none). Default: none."""
         return {}
 
 

@@ -29,6 +29,7 @@ from harness.report.figures import (
     palette,
     seeds_strip,
 )
+from harness.report.reference import reference_blocks
 from harness.report.render import Block, fmt, render_html, render_markdown
 from harness.report.verdict import Verdict, analyze
 from harness.study.progress import progress, reconcile, settle_parent
@@ -149,6 +150,7 @@ def _full_document(handle: StudyHandle, results: list[CandidateResult], verdict:
             extra.append(("code", yaml.safe_dump(shown, sort_keys=False).strip()))
         else:
             extra.append(("p", f"{r.name}: no completed tuning trial"))
+    extra += reference_blocks(handle.config.reference, results)
     if notes:
         extra += [("h2", "Notes"), ("list", notes)]
     strip = seeds_strip(results, verdict, proto, colors, out_dir / "seeds.png")

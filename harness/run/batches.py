@@ -13,6 +13,11 @@ does so for CUDA tensors), so the copy overlaps the previous step's work. On the
 split always fits: its examples are already in host memory, as Python lists several times
 larger than the tensors.
 
+**Streaming tasks** (``Task.streams``) never build a training split: :class:`StreamBatches`
+turns each array the task's ``train_batches`` yields (a step's windows of ``length + 1``
+tokens, this process's share) into an ``lm`` batch on the device (pinned and copied
+asynchronously on a GPU). The stream is endless; ``train.max_steps`` ends training.
+
 **Order.** Every epoch draws a fresh permutation from a generator seeded with
 ``train.seed``; with several devices, each process takes every ``world``-th index of the same
 permutation (wrapped to equal shares, as Lightning's ``DistributedSampler`` pads), so all
@@ -28,7 +33,7 @@ import torch
 
 from harness import devices
 from harness.data.formats import BatchFormat
-from harness.data.tasks import Example
+from harness.data.tasks import Example, Task
 
 #: The largest share of a GPU's free memory the training split may take on the device.
 DEVICE_SHARE = 0.125
@@ -106,3 +111,28 @@ def collate_split(examples: Sequence[Example], fmt: BatchFormat, task_kind: str)
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class StreamBatches:
+    """An endless iterable of ``lm`` batches from a streaming task's ``train_batches``."""
+
+    def __init__(self, task: Task, batch_size: int, seed: int, device: torch.device,
+                 rank: int = 0, world: int = 1) -> None:
+        self.task, self.batch_size, self.seed = task, batch_size, seed
+        self.device, self.rank, self.world = device, rank, world
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        stream = self.task.train_batches(self.task.train_length, self.batch_size, seed=self.seed,
+                                         rank=self.rank, world=self.world)
+        for windows in stream:
+            yield self.batch(windows)
+
+    def batch(self, windows: Any) -> dict[str, Any]:
+        rows = torch.as_tensor(windows, dtype=torch.long)
+        if self.device.type == "cuda":
+            rows = rows.pin_memory()
+        rows = rows.to(self.device, non_blocking=True)
+        tokens = rows[:, :-1]
+        return {"tokens": tokens, "targets": rows[:, 1:],
+                "padding_mask": torch.zeros_like(tokens, dtype=torch.bool),
+                "loss_mask": torch.ones_like(tokens, dtype=torch.bool)}

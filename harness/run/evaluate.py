@@ -38,7 +38,8 @@ def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[i
         fixed = not p.model.spec.extrapolates or (p.position and not p.position.spec.extrapolates)
         if not fixed:
             return list(task.eval_lengths), []
-        trained = max(p.fmt.input_length(e, task.task_kind) for e in task.examples("train", task.train_length))
+        trained = task.train_length if task.streams else \
+            max(p.fmt.input_length(e, task.task_kind) for e in task.examples("train", task.train_length))
         check = trained.__ge__  # runs an input of n positions iff n <= trained
     for length in task.eval_lengths:
         if length == task.train_length:

@@ -23,7 +23,7 @@ from harness.data.formats import BatchFormat
 from harness.data.tasks import Task
 from harness.errors import HarnessError
 from harness.keys import Metric, val_key
-from harness.run.batches import DeviceBatches, collate_split, fits_on_device, nbytes
+from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
 
 
@@ -50,16 +50,21 @@ class HarnessDataModule(L.LightningDataModule):
     def _device(self) -> torch.device:
         return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
 
+    def _rank_world(self) -> tuple[int, int]:
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+
     def train_dataloader(self) -> Any:
-        data = self.task.examples("train", self.task.train_length)
         device = self._device()
+        if self.task.streams:  # windows drawn every step: no training split is built
+            return StreamBatches(self.task, self.batch_size, self.seed, device, *self._rank_world())
+        data = self.task.examples("train", self.task.train_length)
         try:
             tensors = collate_split(data, self.fmt, self.task.task_kind)
         except ValueError:  # a format without padding groups for some key: per-batch collate
             tensors = None
         self.on_device = tensors is not None and fits_on_device(nbytes(tensors), device)
         if self.on_device:
-            rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+            rank, world = self._rank_world()
             return DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
                                  device, rank, world, tensors=tensors)
         gen = torch.Generator().manual_seed(self.seed)
@@ -75,8 +80,10 @@ class HarnessDataModule(L.LightningDataModule):
         ]
 
 
-def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
-    """Loss and counts over the scored positions of a batch."""
+def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0,
+                 token_bytes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Loss and counts over the scored positions of a batch; with ``token_bytes`` (per id,
+    the UTF-8 bytes it stands for) also the bytes of the scored targets' text."""
     mask = batch["loss_mask"]
     targets = batch["targets"]
     flat_logits = logits[mask].float()
@@ -87,7 +94,7 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     correct = (pred == targets) & mask
     # a sequence is exact when every scored position is right (classification: the label)
     exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
-    return {
+    out = {
         "loss": loss,
         "nll_sum": nll.detach(),
         "tokens": mask.sum(),
@@ -95,6 +102,9 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
         "exact": exact,
         "sequences": torch.tensor(mask.shape[0]),
     }
+    if token_bytes is not None:
+        out["bytes"] = token_bytes[flat_targets].sum()
+    return out
 
 
 class HarnessSystem(L.LightningModule):
@@ -103,6 +113,7 @@ class HarnessSystem(L.LightningModule):
         self.model, self.task, self.fmt, self.cfg = model, task, fmt, cfg
         self.val_lengths: list[int] = [task.train_length]
         self._sums: dict[int, dict[str, Any]] = {}
+        self._token_bytes: torch.Tensor | None = None  # on the device, made at first use
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -137,14 +148,20 @@ class HarnessSystem(L.LightningModule):
         return loss
 
     def on_validation_epoch_start(self) -> None:
-        self._sums = {n: dict.fromkeys(SUMMED, 0.0) for n in self.val_lengths}
+        keys = SUMMED + (("bytes",) if self.task.token_bytes is not None else ())
+        self._sums = {n: dict.fromkeys(keys, 0.0) for n in self.val_lengths}
+        if self.task.token_bytes is not None and self._token_bytes is None:
+            self._token_bytes = torch.as_tensor(self.task.token_bytes, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         length = self.val_lengths[dataloader_idx]
-        stats = masked_stats(self(batch), batch)
+        logits = self(batch)
+        stats = masked_stats(logits, batch, token_bytes=self._token_bytes)
         sums = self._sums[length]
-        for key in SUMMED:  # tensors: no device sync per batch
+        for key in SUMMED + (("bytes",) if "bytes" in stats else ()):  # tensors: no device sync per batch
             sums[key] = sums[key] + stats[key].double()
+        for name, value in self.task.statistics(self.model, batch, self.fmt, logits).items():
+            sums[f"stat:{name}"] = sums.get(f"stat:{name}", 0.0) + value
         for name, (total, count) in self.task.extra_metrics(self.model, batch, self.fmt).items():
             sums[f"extra:{name}:sum"] = sums.get(f"extra:{name}:sum", 0.0) + total
             sums[f"extra:{name}:count"] = sums.get(f"extra:{name}:count", 0.0) + count
@@ -152,7 +169,10 @@ class HarnessSystem(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         distributed = self.trainer.world_size > 1
         for length in self.val_lengths:
-            metrics = summarize(self._reduce(self._sums[length]), self.task.report_perplexity)
+            reduced = self._reduce(self._sums[length])
+            metrics = summarize(reduced, self.task.report_perplexity)
+            metrics.update(self.task.metrics_from_statistics(
+                {k[len("stat:"):]: v for k, v in reduced.items() if k.startswith("stat:")}))
             for name, value in metrics.items():
                 keys = [val_key(name, length)]
                 if length == self.task.train_length:
@@ -217,6 +237,8 @@ def summarize(sums: dict[str, float], perplexity: bool) -> dict[str, float]:
     if perplexity:
         out["ppl"] = math.exp(min(loss, 50.0))
         out["bpc"] = loss / math.log(2)
+    if sums.get("bytes"):  # bits per byte: total bits over the UTF-8 bytes of the scored text
+        out["bpb"] = sums["nll_sum"] / math.log(2) / sums["bytes"]
     for key, total in sums.items():
         if key.startswith("extra:") and key.endswith(":sum"):
             name = key[len("extra:"): -len(":sum")]

@@ -39,8 +39,8 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
 #: and confirmation seeds count up from ``seed``: both must stay valid numpy seeds.
 StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
-MINIMIZE = frozenset({"loss", "ppl", "bpc", "per", "wer", "cer", "error"})
-MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1"})
+MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error"})
+MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1", "macro_f1", "chrf", "exact_match"})
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
 COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
@@ -283,6 +283,23 @@ class StudyTracking(Strict):
     experiment: SafeName | None = None  # default: the study name
 
 
+class ReferenceRow(Strict):
+    model: str = Field(min_length=1, description="the published model's name")
+    value: float | None = Field(None, description="the published number; null where the paper has none")
+    candidate: str | None = Field(None, description="this study's candidate closest to it, if any")
+    note: str = ""
+
+
+class Reference(Strict):
+    """Published numbers the report shows beside the measured ones (data, never a verdict)."""
+
+    source: str = Field(min_length=1, description="paper, table, arXiv id")
+    metric: str = Field(min_length=1, description="what the numbers are, e.g. 'test accuracy (%)'")
+    scale: float = Field(100.0, gt=0, description="ours x scale is on the published scale (accuracy 0-1 vs %)")
+    rows: list[ReferenceRow] = Field(min_length=1)
+    differences: list[str] = Field(default_factory=list, description="protocol differences, stated")
+
+
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
     profile: str | None = Field(None, exclude_if=lambda v: v is None,
@@ -308,6 +325,8 @@ class StudyConfig(Strict):
     seed: StudySeed = Field(0, description="training seed of every tuning trial")
     data_seed: Seed = Field(0, description="task data (the same for every run)")
     plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
+    reference: Reference | None = Field(None, exclude_if=lambda v: v is None,
+                                        description="published numbers shown beside the report's")
 
     @model_validator(mode="before")
     @classmethod
@@ -346,6 +365,10 @@ class StudyConfig(Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"candidate names must be unique; repeated: {', '.join(dup)}")
+        unknown = sorted({r.candidate for r in self.reference.rows if r.candidate} - set(names)
+                         if self.reference else set())
+        if unknown:
+            raise ValueError(f"reference.rows name candidates this study lacks: {', '.join(unknown)}")
         if self.confirm.baseline is not None and self.confirm.baseline not in names:
             raise ValueError(
                 f"confirm.baseline '{self.confirm.baseline}' is not a candidate "
@@ -388,7 +411,8 @@ class StudyConfig(Strict):
 
     def protocol_dict(self) -> dict[str, Any]:
         """What a resumed study must not change (everything but runtime settings)."""
-        return self.model_dump(mode="json", exclude={"resume": True, "plugins": True, "budget": {"time_total_s"}})
+        return self.model_dump(mode="json", exclude={"resume": True, "plugins": True, "reference": True,
+                                                     "budget": {"time_total_s"}})
 
     def fingerprint(self) -> str:
         text = json.dumps(self.protocol_dict(), sort_keys=True)

@@ -145,9 +145,11 @@ class Checks:
         return self.registry().get(self.kind, self.plugin)
 
     def config(self, **overrides: Any) -> Any:
-        """The component's config from ``params`` (and ``overrides``), validated."""
+        """The component's config from ``params`` (and ``overrides``) over the spec's
+        ``check_params``, validated."""
         spec = self.component()
-        return resolve(spec.config, {**self.params, **overrides}, f"{self.kind} '{spec.name}' params")
+        return resolve(spec.config, {**spec.check_params, **self.params, **overrides},
+                       f"{self.kind} '{spec.name}' params")
 
     def config_fields(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.component().config)}

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from harness.data.formats import FORMATS, LM, SEQ2SEQ
 from harness.data.tasks import PAD
+from harness.errors import MissingDataError
 from harness.testing.core import Checks, NotApplicable
 
 #: the keys an example of each task kind has, and the optional ones
@@ -44,8 +45,12 @@ class TaskChecks(Checks):
                 shared = self.build(self.seed)
                 type.__setattr__(type(self), "_kit_task", shared)
             return shared
-        small = {k: v for k, v in self.sizes.items() if k in self.config_fields() and k not in self.params}
-        return self.component().build(self.config(**small), seed=seed)
+        given = {**self.component().check_params, **self.params}
+        small = {k: v for k, v in self.sizes.items() if k in self.config_fields() and k not in given}
+        try:
+            return self.component().build(self.config(**small), seed=seed)
+        except MissingDataError as exc:  # the user's own copy of a dataset is not here
+            raise NotApplicable(f"its data is not on this machine ({exc})") from None
 
     def splits(self, task: Any) -> Iterator[tuple[str, int, list[dict[str, Any]]]]:
         """(split, length, examples): train at the training length, val at every evaluation length."""

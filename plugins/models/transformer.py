@@ -14,8 +14,19 @@ recipe of LLaMA-style models (Touvron et al., 2023): RoPE, SwiGLU, RMSNorm, no b
 Any position scheme applies to the token embeddings; its query/key and score hooks reach
 the blocks whose layer applies them (every attention variant; mixers declare theirs).
 
-For classification tasks the model is an encoder with mean pooling over non-padding tokens;
-for tagging tasks an encoder with one label per token. Both are bidirectional unless
+For classification tasks the model is an encoder with a pooled classifier: ``pool: mean``
+(the mean over non-padding tokens; the default) or ``pool: cls`` (a learned vector prepended
+at position 0 and read out, as LRA's ``CLS`` configs), then ``classifier: linear`` (the
+default) or ``classifier: mlp`` (Linear -> ReLU -> Linear, width ``ffn_mult * d_model``: LRA's
+``classifier_head``). ``two_tower`` (a model-level option; default: what the task asks for,
+``TaskInfo.extra["two_tower"]``, which ``lra_retrieval`` sets) reads each input as
+``doc1 SEP doc2``, encodes both documents separately with the same weights, pools each to u
+and v and classifies ``[u, v, u * v, u - v]`` (LRA's dual encoder with its "NLI"
+interaction; its MLP has two hidden layers, ``ffn_mult * d_model`` and half that).
+``bidirectional_mixer: true`` lets an encoder use a causal-only mixer (S4D, Mamba, ...): two
+copies read each row left to right and right to left, their outputs summed (S4's
+bidirectional layers on LRA). For tagging tasks the model is an encoder with one label per
+token. Both are bidirectional unless
 ``causal: true`` (a left-to-right tagger, or a causal-only mixer). ``causal: false`` is
 rejected for ``lm`` tasks: their targets are the inputs shifted by one, so a bidirectional
 model would read each answer from the next input.
@@ -33,6 +44,9 @@ import torch
 from torch import nn
 
 from harness.plugin import (  # a list of names, not logic: other plugins list many of the same
+    PAD,
+    SEP,
+    BothWays,
     Choice,
     FloatRange,
     Ge,
@@ -67,6 +81,12 @@ class TransformerConfig:
     tie_embeddings: Annotated[bool, Choice((True, False))] = False
     causal: bool | None = None  # None: causal for lm, bidirectional for classification/tagging
     pattern: tuple[str, ...] = ()  # per-layer kinds, cycled: ("mixer", "mixer", "attention")
+    # classification only: pooling, classifier, and the two-tower comparison of two documents
+    pool: Literal["mean", "cls"] = "mean"
+    classifier: Literal["linear", "mlp"] = "linear"
+    two_tower: bool | None = None  # None: as the task asks (TaskInfo.extra["two_tower"])
+    # encoders: run a causal-only mixer both ways (two copies, outputs summed), as S4 on LRA
+    bidirectional_mixer: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.heads:
@@ -92,9 +112,17 @@ class Transformer(nn.Module):
                 "(lm targets are the inputs shifted by one); keep causal attention for lm tasks"
             )
         self.causal = (not encoder) if cfg.causal is None else cfg.causal
+        if cfg.bidirectional_mixer and self.causal:
+            raise ValueError("bidirectional_mixer runs a mixer both ways, which an encoder allows and a "
+                             "causal model does not; drop it or set causal: false on a classification task")
+        self.both_ways = cfg.bidirectional_mixer
+        # unit-scale entries, as a lookup of the (scaled) token embedding gives
+        self.cls = nn.Parameter(torch.randn(d)) if self.classify and cfg.pool == "cls" else None
+        self.two_tower = self.classify and bool(task.extra.get("two_tower") if cfg.two_tower is None
+                                                else cfg.two_tower)
         self.position = (
             position(d_model=d, num_heads=cfg.heads, head_dim=d // cfg.heads,
-                     max_length=task.max_length, causal=self.causal)
+                     max_length=task.max_length + (self.cls is not None), causal=self.causal)
             if position is not None else PositionScheme()
         )
         self.embed = ScaledEmbedding(task.vocab_size, self.position.token_width(d))
@@ -110,12 +138,15 @@ class Transformer(nn.Module):
         self.final_norm = (make_norm(cfg.norm_layer, d) if cfg.norm == "pre"
                            else nn.Identity())
         out = task.num_classes if encoder else task.vocab_size
-        self.head = nn.Linear(d, out, bias=False)
+        self.head = (classifier_head(cfg, d, out, self.two_tower) if self.classify
+                     else nn.Linear(d, out, bias=False))
         if cfg.tie_embeddings and not encoder and self.embed.weight.shape[1] == d:
             self.head.weight = self.embed.weight
 
     def _layer(self, factory: Any, kind: str, d: int, heads: int) -> nn.Module:
         layer = factory(d, heads)
+        if kind == "mixer" and self.both_ways and "bidirectional" not in layer.directions:
+            layer = BothWays(layer, factory(d, heads))
         direction = "causal" if self.causal else "bidirectional"
         if direction not in layer.directions:
             fix = ("set model.params.causal: true (a causal encoder)" if self.causal is False
@@ -138,21 +169,75 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: Any, padding_mask: Any = None, *, cache: Any = None,
                 return_attention: bool = False) -> Any:
+        if self.two_tower:  # doc1 and doc2 as one batch of 2B rows through the same encoder
+            docs, pads = split_pair(tokens, padding_mask)
+            x, maps = self.encode(docs, pads, None, return_attention)
+            u, v = self.pool(x, pads).chunk(2, dim=0)
+            x = torch.cat([u, v, u * v, u - v], dim=-1)
+        else:
+            x, maps = self.encode(tokens, padding_mask, cache, return_attention)
+            if self.classify:
+                x = self.pool(x, padding_mask)
+        logits = self.head(x)
+        return (logits, maps) if return_attention else logits
+
+    def encode(self, tokens: Any, padding_mask: Any, cache: Any, return_attention: bool) -> tuple[Any, list[Any]]:
+        """The stack's output (B, L, d) (L + 1 positions with a CLS vector first) and the
+        attention maps of its blocks."""
         offset = cache[0]["self"].length if cache else 0
-        positions = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
-        x = self.drop(self.position.embed(self.embed(tokens), positions))
+        x = self.embed(tokens)
+        if self.cls is not None:  # a learned vector at position 0, never padding
+            x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], dim=1)
+            if padding_mask is not None:
+                padding_mask = torch.cat([torch.zeros_like(padding_mask[:, :1]), padding_mask], dim=1)
+        positions = torch.arange(offset, offset + x.shape[1], device=tokens.device)
+        x = self.drop(self.position.embed(x, positions))
         kpm = None if self.causal else padding_mask
         maps = []
         for i, block in enumerate(self.blocks):
             x, weights = block(x, causal=self.causal, key_padding_mask=kpm, position=self.position,
                                cache=cache[i] if cache else None, need_weights=return_attention)
             maps.append(weights["self"])
-        x = self.final_norm(x)
-        if self.classify:
-            keep = (~padding_mask).unsqueeze(-1).float() if padding_mask is not None else torch.ones_like(x[..., :1])
-            x = (x * keep).sum(1) / keep.sum(1).clamp(min=1)
-        logits = self.head(x)
-        return (logits, maps) if return_attention else logits
+        return self.final_norm(x), maps
+
+    def pool(self, x: Any, padding_mask: Any) -> Any:
+        """(B, L, d) -> (B, d): the CLS position, or the mean over non-padding positions."""
+        if self.cls is not None:
+            return x[:, 0]
+        keep = (~padding_mask).unsqueeze(-1).float() if padding_mask is not None else torch.ones_like(x[..., :1])
+        return (x * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+def classifier_head(cfg: TransformerConfig, d: int, classes: int, two_tower: bool) -> nn.Module:
+    """The classifier on the pooled vector (4 d wide for two towers): linear, or LRA's MLP."""
+    width = 4 * d if two_tower else d
+    if cfg.classifier == "linear":
+        return nn.Linear(width, classes, bias=False)
+    hidden = cfg.ffn_mult * d
+    if two_tower:  # LRA's classifier_head_dual: two hidden layers
+        return nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden // 2),
+                             nn.ReLU(), nn.Linear(hidden // 2, classes))
+    return nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def split_pair(tokens: Any, padding_mask: Any) -> tuple[Any, Any]:
+    """``doc1 SEP doc2`` rows (right-padded) -> the 2B rows doc1..., doc2... right-padded to one
+    width, and their padding mask. Every row must hold a SEP."""
+    has_sep = tokens == SEP
+    if not bool(has_sep.any(dim=1).all()):
+        raise ValueError("two_tower reads each input as doc1 SEP doc2, and a row has no SEP: use "
+                         "a task of document pairs (lra_retrieval) or set model.params.two_tower: false")
+    b, n = tokens.shape
+    lengths = (~padding_mask).sum(1) if padding_mask is not None else torch.full((b,), n, device=tokens.device)
+    sep = has_sep.int().argmax(dim=1)  # the first SEP
+    first, second = sep, lengths - sep - 1
+    width = max(int(first.max()), int(second.max()), 1)
+    j = torch.arange(width, device=tokens.device).unsqueeze(0)
+    start = torch.cat([torch.zeros_like(sep), sep + 1]).unsqueeze(1)
+    keep = j < torch.cat([first, second]).unsqueeze(1)
+    rows = torch.cat([tokens, tokens])
+    docs = rows.gather(1, (start + j).clamp(max=n - 1)).masked_fill(~keep, PAD)
+    return docs, ~keep
 
 
 def layer_kinds(cfg: TransformerConfig, has_attention: bool, has_mixer: bool) -> list[str]:

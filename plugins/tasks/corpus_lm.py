@@ -1,0 +1,185 @@
+"""``corpus_lm``: language modelling on a prepared corpus (your own text), streamed from disk.
+
+``path`` is a folder written by ``harness data prepare`` (docs/data.md), used as it is. When
+it is not prepared (or not given) and ``source`` names files, the task prepares them on first
+use, as ``harness data prepare SOURCE --tokenizer TOKENIZER --out PATH`` would (reused while
+the source is unchanged); ``source: shakespeare`` is the text the project ships
+(``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without ``path``
+the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
+``$HARNESS_CACHE_DIR``, else ``~/.cache/harness``); with neither, the task is Shakespeare in
+bytes. ``length`` is in tokens of the corpus's tokenizer.
+
+* **train**: streamed (``Task.streams``). Every step draws fresh windows of ``length + 1``
+  tokens at random offsets of the train split's token stream (documents packed with an
+  end-of-document token, so windows span documents); no list of examples is built and an
+  epoch is not needed. The windows depend on the task seed, the run's seed and the step;
+  the processes of a multi-device run read disjoint windows
+  (:func:`harness.data.corpus.window_starts`). ``num_train`` is not used.
+* **val / test**: ``eval_tokens`` consecutive tokens of the split, from an offset drawn from
+  the task seed (``train.data_seed``) past the first ``max(eval_lengths)`` tokens, are scored
+  at *every* evaluation length and by both protocols: the same text for every candidate and
+  every length. A split needs ``eval_tokens + 1 + max(eval_lengths)`` tokens. Protocols as ``char_lm``: ``windows`` (consecutive
+  windows, all scored) or ``sliding`` (windows advancing by ``score_last``, scoring their last
+  ``score_last`` tokens; context before the scored text is read, unscored).
+* **metrics**: loss, perplexity and bits per token (``bpc``), and bits per byte (``bpb``: the
+  scored tokens' bits over the UTF-8 bytes they spell), which compares runs whose corpora
+  were prepared with different tokenizers.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+
+from harness.plugin import (
+    Choice,
+    ConfigError,
+    Example,
+    Ge,
+    IntRange,
+    Task,
+    TaskConfig,
+    TaskSpec,
+    Vocab,
+    cache_dir,
+    hookimpl,
+    lm_windows,
+    open_corpus,
+    prepare_corpus,
+    window_starts,
+)
+
+#: ``source`` names of texts the project ships.
+SHIPPED = {"shakespeare": "shakespeare.txt.bz2"}
+#: Training windows in the inspection sample ``examples("train", n)`` (never trained on).
+SAMPLE = 16
+
+
+@dataclass
+class CorpusLMConfig(TaskConfig):
+    length: Annotated[int, Ge(1), IntRange(16, 4096, log=True)] = 128  # tokens read per window
+    path: str = ""  # a prepared folder (harness data prepare); empty: <cache>/corpora/<source>-<tokenizer>
+    source: str = ""  # prepare from these files on first use ("shakespeare": the shipped text)
+    tokenizer: str = "bytes"  # with source: bytes, chars, bpe:VOCAB or a tokenizer.json
+    eval_tokens: Annotated[int, Ge(1)] = 16_384  # tokens scored per evaluation length and split
+    eval_protocol: Annotated[str, Choice(("windows", "sliding"))] = "windows"
+    score_last: Annotated[int, Ge(1)] = 32  # sliding protocol: tokens scored per window
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval_protocol not in ("windows", "sliding"):
+            raise ValueError(f"eval_protocol must be 'windows' or 'sliding', got {self.eval_protocol!r}")
+        if self.eval_protocol == "sliding" and self.score_last > self.length:
+            raise ValueError(f"score_last={self.score_last} must lie in [1, {self.length}] (the "
+                             f"training length): a sliding window cannot score more than it reads.")
+        longest = max((self.length, *self.eval_lengths))
+        if longest > self.eval_tokens:
+            raise ValueError(f"evaluation length {longest} is longer than the scored text "
+                             f"(eval_tokens = {self.eval_tokens}); raise eval_tokens.")
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "corpus"
+
+
+def corpus_folder(config: CorpusLMConfig) -> Path:
+    """The prepared folder of a config: ``path`` as it is when prepared; otherwise prepared
+    (or reused) from ``source`` into ``path`` or the cache folder."""
+    path = Path(config.path).expanduser() if config.path else None
+    if path is not None and (path / "manifest.json").is_file():
+        return path  # prepared (open_corpus validates it); source is not read
+    source = config.source or ("" if path is not None else "shakespeare")
+    if not source:
+        return path  # type: ignore[return-value]  # not prepared: open_corpus says how to
+    if path is None:
+        path = cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
+    if source in SHIPPED:
+        with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
+            prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
+    else:
+        prepare_corpus([source], path, tokenizer=config.tokenizer, progress=False)
+    return path
+
+
+def symbols(tokenizer: Any, vocab_size: int) -> tuple[str, ...]:
+    """A readable, unique name for every id past the harness's four specials."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for i in range(4, vocab_size):
+        name = "<eod>" if i == tokenizer.eod_id else tokenizer.decode([i])
+        if not name or "\ufffd" in name or name in seen:
+            name = f"<{i}>"
+        seen.add(name)
+        names.append(name)
+    return tuple(names)
+
+
+class CorpusLMTask(Task):
+    """Language modelling on a prepared corpus, training windows streamed from disk."""
+
+    task_kind = "lm"
+    report_perplexity = True
+    streams = True
+    config: CorpusLMConfig
+
+    def __init__(self, config: CorpusLMConfig, *, seed: int) -> None:
+        self.corpus = open_corpus(corpus_folder(config))
+        tok = self.corpus.tokenizer
+        super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
+        self.token_bytes = [int(b) for b in tok.token_bytes()]
+        self.train = self.corpus.require("train", config.length + 1, f"a training window ({config.length} + 1 tokens)")
+        # room before the scored text for the sliding protocol's context, kept by both
+        # protocols so that they score the same text
+        self.context = context = max(self.eval_lengths)
+        for split in ("val", "test"):
+            self.corpus.require(split, config.eval_tokens + 1 + context,
+                                f"the scored text (eval_tokens {config.eval_tokens} + 1, after "
+                                f"{context} tokens of room for context)")
+
+    def eval_start(self, split: str) -> int:
+        """Where the scored text of ``split`` starts: drawn from the task seed, the same at
+        every length."""
+        tokens = self.corpus.split(split).tokens
+        rng = random.Random(self.split_seed(split, 0))
+        return rng.randrange(self.context, tokens - self.config.eval_tokens)
+
+    def generate(self, split: str, length: int) -> list[Example]:
+        if split == "train":  # a sample for inspection and checks; training streams
+            starts = window_starts(self.train.tokens, length, SAMPLE, seed=self.split_seed("train", length), step=0)
+            return [{"tokens": self.train.read(int(s), length + 1).tolist()} for s in starts]
+        data = self.corpus.split(split)
+        start, budget = self.eval_start(split), self.config.eval_tokens
+        if self.config.eval_protocol == "windows":
+            return lm_windows(data.read(start, budget + 1).tolist(), length)
+        k = self.config.score_last
+        before = length - k
+        return lm_windows(data.read(start - before, budget + 1 + before).tolist(), length, score_last=k)
+
+    def train_batches(self, length: int, batch_size: int, *, seed: int, rank: int = 0,
+                      world: int = 1) -> Iterator[np.ndarray]:
+        if length + 1 > self.train.tokens:
+            raise ConfigError(f"a training window of {length} + 1 tokens is longer than the train "
+                              f"split of {self.corpus.root} ({self.train.tokens} tokens).")
+        offsets = np.arange(length + 1)
+        single = self.train.shards[0] if len(self.train.shards) == 1 else None
+        step = 0
+        while True:
+            starts = window_starts(self.train.tokens, length, batch_size, seed=(self.seed, seed),
+                                   step=step, rank=rank, world=world)
+            if single is not None:
+                yield np.asarray(single[starts[:, None] + offsets], dtype=np.int64)
+            else:
+                yield np.stack([self.train.read(int(s), length + 1) for s in starts])
+            step += 1
+
+
+@hookimpl
+def harness_register_task(register: Any) -> None:
+    register(TaskSpec(name="corpus_lm", build=CorpusLMTask))
