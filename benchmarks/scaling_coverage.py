@@ -30,13 +30,12 @@ TRUTH = sf.PowerLaw(1.6, 4000.0, 0.25)
 CROSS_A = sf.PowerLaw(2.0, 30.0, 0.1)
 CROSS_B = sf.PowerLaw(1.9, float(30.0 * 1e14 ** -0.1 + 0.1) * 1e14 ** 0.2, 0.2)
 CROSS_AT = 1e14
-BUDGETS = np.logspace(12, 16, 5)
-
-
-def runs(law: sf.PowerLaw, rng: np.random.Generator, noise: float, seeds: int) -> list[sf.Run]:
+def runs(law: sf.PowerLaw, rng: np.random.Generator, noise: float, seeds: int,
+         budgets: int = 5, sizes: int = 5) -> list[sf.Run]:
     out = []
-    for c in BUDGETS:
-        for k in (-2, -1, 0, 1, 2):
+    half = sizes // 2
+    for c in np.logspace(12, 16, budgets):
+        for k in range(-half, sizes - half):
             truth = float(law(c)) + 0.02 * (0.7 * k) ** 2
             for s in range(seeds):
                 out.append(sf.Run(float(c), math.sqrt(c) * math.exp(0.7 * k), s,
@@ -54,10 +53,13 @@ def main() -> None:
     ap.add_argument("--boot", type=int, default=200)
     ap.add_argument("--seeds", default="1,2,3,5")
     ap.add_argument("--noise", default="0.005,0.02")
+    ap.add_argument("--budgets", type=int, default=5, help="budgets from 1e12 to 1e16")
+    ap.add_argument("--sizes", type=int, default=5, help="sizes per budget")
     args = ap.parse_args()
     started = time.time()
     print(f"95% interval coverage, {args.reps} simulated studies per row, {args.boot} bootstrap "
-          f"replicates; alpha / E / N*-exponent / crossover (at {CROSS_AT:.0e})\n")
+          f"replicates, {args.budgets} budgets x {args.sizes} sizes; alpha / E / N*-exponent / "
+          f"crossover (at {CROSS_AT:.0e})\n")
     print("| seeds per cell | noise per run | alpha | E | N* exponent | crossover | crossover found |")
     print("|---|---|---|---|---|---|---|")
     for noise in (float(x) for x in args.noise.split(",")):
@@ -66,12 +68,12 @@ def main() -> None:
             found = 0
             for i in range(args.reps):
                 rng = np.random.default_rng(1000 * seeds + i)
-                fit = sf.fit_candidate("t", runs(TRUTH, rng, noise, seeds), n_boot=args.boot, seed=i)
+                fit = sf.fit_candidate("t", runs(TRUTH, rng, noise, seeds, args.budgets, args.sizes), n_boot=args.boot, seed=i)
                 hits[0] += cover(fit.alpha, TRUTH.alpha)
                 hits[1] += cover(fit.E, TRUTH.E)
                 hits[2] += cover(fit.n_exponent, 0.5)
-                fa = sf.fit_candidate("A", runs(CROSS_A, rng, noise, seeds), n_boot=args.boot, seed=i)
-                fb = sf.fit_candidate("B", runs(CROSS_B, rng, noise, seeds), n_boot=args.boot,
+                fa = sf.fit_candidate("A", runs(CROSS_A, rng, noise, seeds, args.budgets, args.sizes), n_boot=args.boot, seed=i)
+                fb = sf.fit_candidate("B", runs(CROSS_B, rng, noise, seeds, args.budgets, args.sizes), n_boot=args.boot,
                                       seed=i + 7)
                 cx = sf.crossover(fa, fb)
                 found += cx.compute is not None
