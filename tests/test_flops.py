@@ -247,3 +247,30 @@ def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_pat
     assert md.startswith("**Shared recipe, not tuned")
     assert (out / "scaling_frontier.png").exists() and (out / "scaling_isoflop.png").exists()
     assert "candidate,budget,params" in (out / "scaling_runs.csv").read_text()
+
+
+def test_a_seconds_budget_caps_every_run_and_needs_steps(tmp_path):
+    data = copy.deepcopy(STUDY)
+    data.pop("scaling")
+    data["candidates"][0]["model"]["params"] |= {"d_model": 16, "heads": 2}
+    data["budget"] = {"trials": 1, "seconds": 30}
+    path = tmp_path / "wall.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="budget.seconds needs budget.steps"):
+        load(path)
+    data["budget"] = {"trials": 1, "seconds": 30, "steps": 10_000}
+    path.write_text(yaml.safe_dump(data))
+    space = load(path)
+    train = space.run_config(space.candidates[0], None, seed=0)["train"]
+    assert (train["max_time_s"], train["max_steps"]) == (30, 10_000)
+    from harness.report.scaling import compute_blocks
+
+    assert "machine-dependent" in compute_blocks([], space.config)[1][1]
+
+
+def test_the_scaled_rule_needs_the_width_in_every_size(tmp_path):
+    from harness.study.schema import load_study_config
+
+    sizes = [{"d_model": 16, "heads": 2}, {"layers": 2}, {"d_model": 32, "heads": 2}]
+    with pytest.raises(ConfigError, match="scaling.transfer.width_param 'd_model', which every size must set"):
+        load_study_config(study(tmp_path, scaling={"sizes": sizes}))
