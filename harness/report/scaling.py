@@ -203,9 +203,9 @@ def blocks(a: ScalingAnalysis, figures: list[tuple[str, Path]] = ()) -> list[Blo
                      f"log N, its vertex the compute-optimal size (Chinchilla's approach 2); "
                      f"the vertices' losses fitted with L(C) = E + A·C^-α by the Huber loss "
                      f"(δ = {sf.HUBER_DELTA:g}) of log residuals from a grid of initialisations "
-                     f"(Besiroglu et al. 2024); {level} percentile intervals from "
-                     f"{sf.N_BOOT} bootstrap replicates that redraw every run from the pooled "
-                     f"residuals of the seeds, then refit everything. Crossovers are searched "
+                     f"(Besiroglu et al. 2024); {level} percentile intervals from bootstrap "
+                     f"replicates (their number and what they resample: the table) that redraw "
+                     f"every run from pooled residuals, then refit everything. Crossovers are searched "
                      f"up to {sf.SEARCH_LIMIT:.0e}x the largest budget."))
     header = ["candidate", f"α [{level}]", f"E [{level}]", "A", f"a of N*(C) [{level}]",
               "budgets", "not bracketed", "bootstrap"]
