@@ -97,7 +97,7 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
                  "--format", "json"]) == 0
     assert "FAILED" not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    cfg = load_study_config(path, profile="cpu")
+    cfg = load_study_config(study, profile="cpu")  # what ran (a scaling study's cells are named by budget)
     assert sorted(c["name"] for c in summary["candidates"]) == sorted(c.name for c in cfg.candidates)
     assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
 
