@@ -9,6 +9,7 @@ only when a function needs them)::
     model = harness.create_model("transformer", attention="multi_head", position="rope",
                                  vocab_size=32, max_length=128, d_model=64)
     task = harness.create_task("copy", length=16)
+    harness.prepare_corpus(["texts/"], "corpora/mine", tokenizer="bpe:8192")  # your corpus
     result = harness.train("run.yaml")      # or a dict / harness.config.RunConfig
     runs = harness.study_runs("quickstart")        # pandas DataFrame, one row per run
     summary = harness.study_summary("quickstart")  # the report's numbers
@@ -106,29 +107,49 @@ def create_model(
     return build_model_from(parts, info)
 
 
-def train(config: Any, **kwargs: Any) -> RunResult:
-    """Train one run from a config (path, dict or RunConfig); see :func:`harness.run.pipeline.train`."""
+def train(config: Any, *, verbose: bool | None = None, **kwargs: Any) -> RunResult:
+    """Train one run from a config (path, dict or RunConfig); see :func:`harness.run.pipeline.train`.
+
+    As quiet as ``harness train``: MLflow's and Lightning's INFO lines, tips and internal
+    warnings are kept off for the call; ``verbose=True`` (or ``HARNESS_VERBOSE=1``) lets
+    them through."""
+    from harness.noise import quieted
     from harness.run.pipeline import train as _train
 
-    return _train(config, **kwargs)
+    with quieted(verbose):
+        return _train(config, **kwargs)
 
 
-def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None) -> Any:
+def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None, *,
+               verbose: bool | None = None) -> Any:
     """A study's runs as a pandas DataFrame, one row per run (candidate, phase, trial, seed,
     status, objective, costs, ``params.*``, ``metrics.*``); see
     :func:`harness.report.notebook.study_runs`. ``storage``: the study's Optuna storage URL
     (default: the one in ``$HARNESS_HOME``)."""
+    from harness.noise import quieted
     from harness.report.notebook import study_runs as _runs
 
-    return _runs(study, storage, tracking_uri)
+    with quieted(verbose):
+        return _runs(study, storage, tracking_uri)
 
 
-def study_summary(study: str, storage: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+def study_summary(study: str, storage: str | None = None, tracking_uri: str | None = None, *,
+                  verbose: bool | None = None) -> dict[str, Any]:
     """The numbers of a study's report (ranks, best group, intervals, comparisons, front) as a
     dict; see :func:`harness.report.notebook.study_summary`."""
+    from harness.noise import quieted
     from harness.report.notebook import study_summary as _summary
 
-    return _summary(study, storage, tracking_uri)
+    with quieted(verbose):
+        return _summary(study, storage, tracking_uri)
+
+
+def prepare_corpus(sources: Any, out: Any, **options: Any) -> Any:
+    """``harness data prepare`` from Python: ``prepare_corpus(["texts/"], "corpora/mine",
+    tokenizer="bpe:8192")``; options and the result: :func:`harness.data.prepare.prepare`."""
+    from harness.data.prepare import prepare
+
+    return prepare(sources, out, **options)
 
 
 __all__ = [
@@ -141,6 +162,7 @@ __all__ = [
     "hookimpl",
     "list_plugins",
     "load_plugins",
+    "prepare_corpus",
     "study_runs",
     "study_summary",
     "train",

@@ -218,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000)
     hint(p.add_argument("--study", default=None, metavar="NAME",
                         help="link to this study's experiment and parent run"), "study")
-    p.add_argument("--open", action="store_true", help="open the link in a web browser")
+    p.add_argument("--open", action="store_true",
+                   help="open the first link (the latest study's candidates, ranked) in a web browser")
     p.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage of --study (default: SQLite in $HARNESS_HOME or ./.harness)")
+                   help="Optuna storage of the studies (default: SQLite in $HARNESS_HOME or ./.harness)")
     _tracking_args(p)
     p.set_defaults(handler=cmd_ui)
 

@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from harness.errors import ConfigError
+from harness.errors import WHOLE_CHECKS, ConfigError, pydantic_message
 from harness.yaml_io import parse_value, read_yaml
 
 __all__ = ["read_yaml"]  # re-exported: the study schema reads its files the same way
@@ -316,7 +316,7 @@ def format_validation_error(exc: ValidationError, source: str, model: type[BaseM
         if where in seen:
             continue
         seen.add(where)
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = pydantic_message(err | {"loc": ()})  # the value given is added below
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(loc[-1]), siblings, n=1) if loc else []
             msg = ("unknown field" + (f" (did you mean '{close[0]}'?)" if close else
@@ -327,7 +327,8 @@ def format_validation_error(exc: ValidationError, source: str, model: type[BaseM
             given = err.get("input")
             if isinstance(given, bool) and tp in (int, float):
                 msg = "expects a number, not a boolean"
-            msg += f" (got {_short(given)})"
+            if not (isinstance(given, dict) and err["type"] in WHOLE_CHECKS):
+                msg += f" (got {_short(given)})"  # a check of a whole block echoes the block
             valid = describe_valid(tp, meta) if err["type"] != "value_error" else ""
             if valid:
                 msg += f"; valid: {valid}"

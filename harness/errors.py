@@ -7,6 +7,9 @@ with code 2, without a traceback. Anything else is a bug and keeps its traceback
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class HarnessError(Exception):
     """An error the user can fix; its message says what is wrong and how to fix it."""
@@ -58,3 +61,34 @@ class Interrupted(SystemExit):
     def __init__(self, kept: str = "", resume: str = "") -> None:
         super().__init__(130)
         self.kept, self.resume = kept, resume
+
+
+# -- pydantic's errors, stated the harness's way ----------------------------------------------
+#: pydantic's framing of a message raised by a validator (a plugin's ``__post_init__``)
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+#: Error types of a validator's own check: on a whole config, its input is the whole config
+WHOLE_CHECKS = ("value_error", "assertion_error")
+
+
+def pydantic_message(err: Mapping[str, Any]) -> str:
+    """The message of one pydantic error without pydantic's internals: no "Value error, "
+    prefix, no trailing period, and the value given, except where a validator checked a
+    whole config (its input is the whole config: that says nothing)."""
+    msg = str(err.get("msg", "")).strip()
+    for prefix in _PYDANTIC_PREFIXES:
+        msg = msg.removeprefix(prefix)
+    msg = msg.rstrip(".")
+    given = err.get("input")
+    if err.get("loc") and not (isinstance(given, Mapping) and err.get("type") in WHOLE_CHECKS):
+        text = repr(given)
+        msg += f" (got {text if len(text) <= 60 else text[:57] + '...'})"
+    return msg
+
+
+def pydantic_problem(err: Mapping[str, Any], where: str) -> str:
+    """``where.field: message`` for one pydantic error (``where: message`` when the check is
+    on the whole config); the one place (with :func:`harness.config.format_validation_error`,
+    which uses :func:`pydantic_message`) that turns pydantic's errors into the harness's."""
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    place = ".".join(p for p in (where, loc) if p) or "config"
+    return f"{place}: {pydantic_message(err)}"

@@ -29,7 +29,7 @@ class Tag:
     RERUN_OF = "harness.rerun_of"  # the run `harness train --from-run` re-ran
     BATCH_FORMAT = "harness.batch_format"
     FAILURE = "harness.failure"  # the reason a run FAILED
-    PRUNED = "harness.pruned"  # KILLED by the pruner
+    PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     # the runs of a study (parent and children)
@@ -48,6 +48,7 @@ class Tag:
     WORKER = "harness.worker"
     GIT_COMMIT = "mlflow.source.git.commit"
     PARENT_RUN = "mlflow.parentRunId"
+    NOTE = "mlflow.note.content"  # the run's description (Markdown), shown first on its page
 
 
 def component_tag(role: str, field: str | None = None) -> str:

@@ -7,7 +7,8 @@ under a key that covers everything it depends on: the Python and harness version
 harness's own source files, every entry point of the ``harness`` group (name, module,
 distribution, version) with the size and modification time of the file of the module it
 names, the local plugin files, and the plugin filters in the environment. Any change there
-loads the plugins again. ``harness list --refresh`` (or ``HARNESS_NO_CACHE=1``) always does.
+loads the plugins again. ``harness list --refresh`` (or ``HARNESS_NO_CACHE=1``) always does, and
+so does ``HARNESS_TRACE_PLUGINS=1`` (tracing prints the hook calls of a load).
 
 Finding an entry point's file imports its parent packages (for the built-ins, empty
 ``__init__`` files), never the plugin module itself.
@@ -95,7 +96,9 @@ def listing(local_files: Iterable[str | os.PathLike[str]] = (), refresh: bool = 
     from harness import loader
 
     files = [str(Path(f).resolve()) for f in local_files]
-    use_cache = not refresh and os.environ.get(ENV_NO_CACHE, "") not in ("1", "true", "yes")
+    # tracing the hook calls needs the plugins loaded: it implies a refresh
+    use_cache = (not refresh and not loader.tracing()
+                 and os.environ.get(ENV_NO_CACHE, "") not in ("1", "true", "yes"))
     path = cache_dir() / f"listing-{cache_key(files)}.json"
     if use_cache and path.is_file():
         try:

@@ -57,6 +57,11 @@ def _patterns(value: str | None) -> list[str]:
     return [p.strip() for p in (value or "").split(",") if p.strip()]
 
 
+def tracing() -> bool:
+    """Whether ``HARNESS_TRACE_PLUGINS`` asks for every hook call to be printed."""
+    return os.environ.get(ENV_TRACE, "") in ("1", "true", "yes")
+
+
 def _matches(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -129,7 +134,7 @@ def load(
     sources = sources_of(local_files, plugins=plugins, autoload=autoload, allow=allow, deny=deny)
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
-    if os.environ.get(ENV_TRACE, "") in ("1", "true", "yes"):
+    if tracing():
         pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
         pm.enable_tracing()
 

@@ -6,13 +6,20 @@ lines, Optuna's "A new study created" lines, and warnings raised inside those li
 their own internals. What stays: the harness's own output, every error, and warnings logged
 at WARNING or above. Imports nothing heavy: it runs before the libraries are imported, so
 most of it is environment variables and logging configuration they pick up when they load.
+
+The CLI quiets the whole process (:func:`quiet`); the Python API (``harness.train`` and the
+study functions) quiets the libraries for the length of the call and restores the logging and
+warning settings after it (:func:`quieted`), so a notebook sees what the CLI shows.
+``verbose=True`` or ``HARNESS_VERBOSE=1`` lets the libraries' output through.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 
 #: Warnings about a library's own internals (module regexes of where they are raised).
 INTERNAL_WARNINGS = (r"(lightning|lightning_fabric|pytorch_lightning|torch|mlflow|optuna|"
@@ -29,3 +36,29 @@ def quiet() -> None:
     # ``mlflow server`` that ``harness ui`` starts (it inherits the environment)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     warnings.filterwarnings("ignore", module=INTERNAL_WARNINGS)
+
+
+#: ``HARNESS_VERBOSE=1``: the Python API lets the libraries' output through (``verbose=True``).
+ENV_VERBOSE = "HARNESS_VERBOSE"
+
+
+def verbose_from_env() -> bool:
+    return os.environ.get(ENV_VERBOSE, "").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def quieted(verbose: bool | None = None) -> Iterator[None]:
+    """The libraries' INFO chatter and internal warnings off for the duration, the logging
+    and warning settings restored after it; nothing changes with ``verbose`` (default:
+    ``$HARNESS_VERBOSE``)."""
+    if verbose if verbose is not None else verbose_from_env():
+        yield
+        return
+    before = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=INTERNAL_WARNINGS)
+        logging.disable(max(before, logging.INFO))
+        try:
+            yield
+        finally:
+            logging.disable(before)

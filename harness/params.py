@@ -33,7 +33,7 @@ from typing import Any
 
 import annotated_types
 
-from harness.errors import ConfigError, PluginError
+from harness.errors import ConfigError, PluginError, pydantic_problem
 
 
 @dataclass(frozen=True)
@@ -235,9 +235,7 @@ def resolve(config: type, values: Mapping[str, Any] | None, where: str) -> Any:
     try:
         return _validator(config).validate_python(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{where}.{loc}: {err['msg']} (got {err.get('input')!r}).") from None
+        raise ConfigError(pydantic_problem(exc.errors()[0], where) + ".") from None
     except (TypeError, ValueError, ArithmeticError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

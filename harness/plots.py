@@ -17,8 +17,29 @@ def pyplot() -> Any:
     return plt
 
 
+#: One marker per line or point series, so that series drawn on top of each other (two
+#: candidates with equal values) stay visible: later ones smaller and hollow-looking.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def fit_titles(fig: Any) -> None:
+    """Wrap every axes title to the figure's width (``tight_layout`` does not: a long title
+    is clipped on both sides)."""
+    import textwrap
+
+    width_px = fig.get_figwidth() * 72  # in points, the unit of font sizes
+    for ax in fig.axes:
+        title = ax.title
+        text = title.get_text()
+        if not text:
+            continue
+        chars = max(20, int(width_px / (0.55 * title.get_fontsize())))
+        title.set_text("\n".join(textwrap.fill(line, chars) for line in text.split("\n")))
+
+
 def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Lay the figure out, write it to ``path`` and close it."""
+    """Lay the figure out (titles wrapped to its width), write it to ``path`` and close it."""
+    fit_titles(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
@@ -42,11 +63,12 @@ def extrapolation_curve(
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     lengths: set[int] = set()
-    for label, points in curves.items():
+    for i, (label, points) in enumerate(curves.items()):
         xs = sorted(points)
         lengths.update(xs)
         color = (colors or {}).get(label)
-        (line,) = ax.plot(xs, [points[x] for x in xs], marker="o", label=label, color=color)
+        (line,) = ax.plot(xs, [points[x] for x in xs], marker=MARKERS[i % len(MARKERS)],
+                          markersize=max(3.0, 7.0 - i), label=label, color=color)
         band = {x: b for x, b in ((bands or {}).get(label) or {}).items() if x in points}
         if band:
             bx = sorted(band)

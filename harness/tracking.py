@@ -236,5 +236,8 @@ class Tracker:
     def log_artifact(self, run_id: str, path: str | os.PathLike[str], folder: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), folder)
 
+    def rename(self, run_id: str, name: str) -> None:
+        self.client.update_run(run_id, name=name)
+
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status)

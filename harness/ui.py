@@ -18,6 +18,14 @@ otherwise, so the links name the machine-learning view
 (``#/experiments/ID/runs?workflowType=machine_learning``), and the experiments the harness
 creates carry ``mlflow.experimentKind`` (:data:`harness.tracking.EXPERIMENT_KIND`). The
 server is asked over its REST API; this process never imports mlflow.
+
+Plain ``harness ui`` prints, for each study of the project's storage recorded in the store it
+serves (the most recent first), the study's links (:func:`study_links`): its candidates (the
+confirmation runs grouped and ranked), its parent run (the verdict) and its tuning trials;
+then each experiment. The views the links open are stored on the experiment first
+(:func:`harness.study.summary.study_views`, over the REST API), so a study created by an
+earlier version opens the current ones. ``--open`` opens the first link where a browser can
+show it without taking over the terminal (:func:`can_open_browser`).
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +73,29 @@ def rest(base: str, endpoint: str, **params: Any) -> dict[str, Any]:
         return dict(json.load(response))
 
 
+def post(base: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` as JSON to ``/api/2.0/mlflow/<endpoint>``."""
+    req = urllib.request.Request(f"{base}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as response:
+        return dict(json.load(response))
+
+
 @dataclass
 class StudyRef:
     name: str
     parent_run_id: str
     tracking_uri: str
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> shared view state
+    created: float = 0.0
+
+
+def _ref(handle: Any) -> StudyRef:
+    from harness.study.summary import study_views
+
+    return StudyRef(handle.name, handle.parent_run_id, str(handle.record.get("tracking_uri", "")),
+                    study_views(handle.name, handle.config, handle.record),
+                    float(handle.record.get("created", 0.0)))
 
 
 def find_study(name: str, storage_url: str | None) -> StudyRef:
@@ -76,33 +103,94 @@ def find_study(name: str, storage_url: str | None) -> StudyRef:
     from harness.study.storage import open_storage, open_study
 
     storage = open_storage(storage_url, read_only=True)
-    handle = open_study(name, storage, storage_url or "the default storage", check_tracking=False)
-    return StudyRef(name, handle.parent_run_id, str(handle.record.get("tracking_uri", "")))
+    return _ref(open_study(name, storage, storage_url or "the default storage", check_tracking=False))
 
 
-def links(base: str, study: StudyRef | None) -> list[tuple[str, str]]:
-    """(what, link) pairs: the study's runs and parent run, or each experiment's runs."""
+MAX_STUDIES = 5  # plain `harness ui` prints the links of the most recent studies
+
+
+def local_studies(uri: str, storage_url: str | None = None) -> list[StudyRef]:
+    """The studies of the storage (default: the project's) recorded in the tracking store
+    ``uri``, the most recent first (none when there is no SQLite storage yet: nothing is
+    created)."""
+    from harness.study.storage import (
+        default_storage_url,
+        open_storage,
+        open_study,
+        study_names,
+    )
+
+    url = storage_url or default_storage_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    try:
+        storage = open_storage(url, read_only=True)
+        refs = []
+        for name in study_names(storage):
+            handle = open_study(name, storage, url, check_tracking=False)
+            if handle.record.get("ready") and handle.record.get("tracking_uri") == uri:
+                refs.append(_ref(handle))
+    except HarnessError:  # a storage it cannot read: the experiments' links still help
+        return []
+    return sorted(refs, key=lambda r: -r.created)
+
+
+def links(base: str, study: StudyRef | None, others: Sequence[StudyRef] = ()) -> list[tuple[str, str]]:
+    """(what, link) pairs: a study's views and parent run (``study``, or each of ``others``,
+    the studies of the store, most recent first), then each experiment's runs."""
     if study is not None:
-        try:
-            run = rest(base, "runs/get", run_id=study.parent_run_id)["run"]
-        except urllib.error.HTTPError:
-            raise HarnessError(
-                f"the parent run {study.parent_run_id} of study '{study.name}' is not in the "
-                f"tracking store this UI serves; the study was recorded in {study.tracking_uri}: "
-                f"pass --tracking-uri {study.tracking_uri}."
-            ) from None
-        exp = str(run["info"]["experiment_id"])
-        from harness.study.summary import VIEW_TAG, view_key
-
-        tags = rest(base, "experiments/get", experiment_id=exp)["experiment"].get("tags", [])
-        view = view_key(study.name) if any(t["key"] == VIEW_TAG + view_key(study.name)
-                                           for t in tags) else None
-        return [(f"study {study.name}: runs by candidate", experiment_link(base, exp, view)),
-                (f"study {study.name}: summary (parent run)", run_link(base, exp, study.parent_run_id))]
+        return study_links(base, study, strict=True)
+    out = []
+    for ref in list(others)[:MAX_STUDIES]:
+        out += study_links(base, ref, strict=False)
+    if len(others) > MAX_STUDIES:
+        names = [r.name for r in others[MAX_STUDIES:]]
+        older = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        out.append((f"{len(others) - MAX_STUDIES} older studies ({older}):",
+                    "harness ui --study NAME"))
     found = rest(base, "experiments/search", max_results=50).get("experiments", [])
     found.sort(key=lambda e: -int(e.get("last_update_time", 0)))
-    return [(f"experiment {e['name']}", experiment_link(base, str(e["experiment_id"])))
-            for e in found if e["name"] != "Default" or len(found) == 1]
+    return out + [(f"experiment {e['name']}", experiment_link(base, str(e["experiment_id"])))
+                  for e in found if e["name"] != "Default" or len(found) == 1]
+
+
+def study_links(base: str, study: StudyRef, strict: bool) -> list[tuple[str, str]]:
+    """A study's links: its candidates (the confirmation runs grouped and ranked), its tuning
+    trials and its parent run (the verdict). The views are stored on the experiment first
+    (over the REST API), so a study created by an earlier version opens them too.
+    ``strict``: a parent run missing from this store is an error, else the study is skipped."""
+    from harness.study.summary import TUNING, VIEW_TAG, view_key
+
+    try:
+        run = rest(base, "runs/get", run_id=study.parent_run_id)["run"]
+    except urllib.error.HTTPError:
+        if not strict:
+            return []
+        raise HarnessError(
+            f"the parent run {study.parent_run_id} of study '{study.name}' is not in the "
+            f"tracking store this UI serves; the study was recorded in {study.tracking_uri}: "
+            f"pass --tracking-uri {study.tracking_uri}."
+        ) from None
+    exp = str(run["info"]["experiment_id"])
+    tags = {t["key"]: t["value"] for t in
+            rest(base, "experiments/get", experiment_id=exp)["experiment"].get("tags", [])}
+    for key, state in study.views.items():
+        value = json.dumps(state)
+        if tags.get(VIEW_TAG + key) != value:
+            with contextlib.suppress(OSError):  # a read-only server: the views it has
+                post(base, "experiments/set-experiment-tag",
+                     {"experiment_id": exp, "key": VIEW_TAG + key, "value": value})
+                tags[VIEW_TAG + key] = value
+
+    def view(key: str) -> str | None:
+        return key if VIEW_TAG + key in tags else None
+
+    name = study.name
+    return [(f"study {name}: candidates ranked (confirmation runs)",
+             experiment_link(base, exp, view(view_key(name)))),
+            (f"study {name}: verdict and ranked table (parent run)",
+             run_link(base, exp, study.parent_run_id)),
+            (f"study {name}: tuning trials", experiment_link(base, exp, view(view_key(name, TUNING))))]
 
 
 # -- the port -------------------------------------------------------------------------------------
@@ -190,9 +278,10 @@ def run(args: argparse.Namespace) -> int:
     study = find_study(args.study, args.storage) if args.study else None
     explicit = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     uri = tracking.tracking_uri(explicit or (study.tracking_uri if study else None))
+    others = local_studies(uri, args.storage) if study is None else []
     if uri.startswith(("http://", "https://")):  # a tracking server: its UI is already there
         base = uri.rstrip("/")
-        _show(links(base, study), args.open)
+        _show(links(base, study, others), args.open)
         return 0
     if not port_free(args.port):
         raise busy_port_error(args.port)
@@ -218,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         wait_until_healthy(base, supervisor, log)
         print(f"MLflow UI: {base}  (Ctrl-C stops it)")
-        _show(links(base, study), args.open)
+        _show(links(base, study, others), args.open)
         return supervisor.wait()
     except (_Stop, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, _Stop) else signal.SIGINT
@@ -240,9 +329,22 @@ def _show(found: list[tuple[str, str]], open_first: bool) -> None:
         print("  no experiments yet: run `harness train ...` or `harness study run FILE`")
     sys.stdout.flush()
     if open_first and found:
+        if not can_open_browser():
+            print("  --open: no display here (DISPLAY, WAYLAND_DISPLAY and BROWSER unset): open "
+                  "the first link in a browser yourself")
+            return
         import webbrowser
 
         webbrowser.open(found[0][1])
+
+
+def can_open_browser() -> bool:
+    """Whether ``--open`` can show a page without taking over this terminal: a graphical
+    display on Linux and the BSDs, any platform else, or ``$BROWSER`` set by the user (Python's
+    fallback on a machine without a display is a text browser in the terminal)."""
+    if not sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
+        return True
+    return any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER"))
 
 
 def _redact(uri: str) -> str:

@@ -185,6 +185,8 @@ def test_study_numbers_are_refused_naming_the_field_or_accepted_in_range(field, 
                            "budgets": [1e9, 1e10, 1e11]}
         data["budget"] = {"trials": 1}
         data["objective"] = {"metric": "loss"}
+    if path.startswith("reference."):  # a reference block needs its required fields
+        data["reference"] = {"source": "paper", "metric": "acc", "rows": [{"model": "m"}]}
     node: dict[str, Any] = data
     *parents, leaf = path.split(".")
     for part in parents:

@@ -151,7 +151,9 @@ def test_diverging_run_ends_failed_with_reason():
 
 
 @pytest.mark.slow
-def test_pruned_run_ends_killed_not_failed(registry):
+def test_pruned_run_ends_finished_named_and_described_not_failed(registry):
+    """A pruned run did what the study asked: FINISHED (no failure mark in the UI), tagged,
+    its name suffixed "(pruned)" and its description saying when and why."""
     import lightning as L
     import optuna
 
@@ -162,8 +164,11 @@ def test_pruned_run_ends_killed_not_failed(registry):
     with pytest.raises(optuna.TrialPruned):
         harness.train(tiny(), registry=registry, callbacks=[PruneAtFirstValidation()])
     (run,) = all_runs()
-    assert run.info.status == "KILLED"
+    assert run.info.status == "FINISHED"
     assert run.data.tags["harness.pruned"] == "true"
+    assert run.info.run_name.endswith(" (pruned)") and run.data.tags["mlflow.runName"] == run.info.run_name
+    assert run.data.tags["mlflow.note.content"].startswith("**Pruned** by the study's pruner, not failed: "
+                                                           "pruned by test.")
 
 
 def test_incompatible_pairing_is_rejected_before_training_with_the_reason(registry):

@@ -119,6 +119,21 @@ def test_a_source_is_prepared_on_first_use_and_reused(tmp_path, registry):
     assert (tmp_path / "mine" / "manifest.json").stat().st_mtime_ns == stamp
 
 
+def test_sources_without_a_path_get_one_cache_folder_each(tmp_path, registry, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    folders = []
+    for sub in ("a", "b"):  # two files of the same name
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "texts.txt").write_text("\n\n".join(f"{sub} paragraph {i} " * 5 for i in range(400)))
+        t = harness.create_task("corpus_lm", registry=registry, source=str(tmp_path / sub / "texts.txt"),
+                                length=16, eval_tokens=64)
+        folders.append(t.corpus.root)
+    assert folders[0] != folders[1] and all(f.parent == tmp_path / "cache" / "corpora" for f in folders)
+    assert all(f.name.startswith("texts.txt-") and f.name.endswith("-bytes") for f in folders)
+    shipped = harness.create_task("corpus_lm", registry=registry, length=16, eval_tokens=64)
+    assert shipped.corpus.root == tmp_path / "cache" / "corpora" / "shakespeare-bytes"
+
+
 def test_bits_per_byte_match_an_independent_float64_computation(tmp_path, registry):
     t = task(registry, corpus(tmp_path, tokenizer="chars"), length=16, eval_tokens=160)
     tok = t.corpus.tokenizer
@@ -175,3 +190,93 @@ def test_corpus_lm_trains_end_to_end_without_building_a_training_split(tmp_path,
         assert result.metrics[f"val/bpb_len{n}"] == pytest.approx(loss / math.log(2) * len(targets) / byte_count, rel=1e-4)
         assert result.metrics[f"val/ppl_len{n}"] == pytest.approx(math.exp(loss))
     assert "val/bpb" in result.metrics
+
+
+@pytest.mark.slow
+def test_corpus_lm_trains_with_ddp_spawn_on_two_cpu_processes(tmp_path, registry):
+    """The streaming path runs under ddp_spawn: each process streams its share (its rank and
+    the world size from the trainer; disjointness is tested above) and the validation sums,
+    bytes included, are reduced over both processes."""
+    path = corpus(tmp_path)
+    cfg = {"task": {"name": "corpus_lm", "params": {"path": str(path), "length": 16, "eval_tokens": 64}},
+           "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+                     "position": {"name": "none"}},
+           "train": {"max_steps": 4, "batch_size": 4, "val_every": 2, "warmup_steps": 0, "accelerator": "cpu",
+                     "num_threads": 1, "progress": False, "log_attention": False},
+           "tracking": {"experiment": "corpus-ddp"}}
+    single = harness.train(cfg, registry=registry)
+    cfg["train"].update(devices=2, strategy="ddp_spawn")
+    spawned = harness.train(cfg, registry=registry)
+    assert spawned.status == "FINISHED" and spawned.metrics["train/steps"] == 4
+    assert math.isfinite(spawned.metrics["val/bpb"]) and spawned.metrics["val/bpb"] > 0
+    assert {k for k in spawned.metrics if k.startswith("val/")} == {k for k in single.metrics if k.startswith("val/")}
+
+
+def study_file(tmp_path, candidates_task):
+    import yaml
+
+    model = {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+             "search_declared": False, "position": {"name": "none", "search_declared": False}}
+    study = {"name": "tokenizers", "task": {"name": "corpus_lm", "params": {"length": 16, "eval_tokens": 64}},
+             "candidates": [{"name": name, "model": model, "task": task} for name, task in candidates_task],
+             "objective": {"metric": "bpb"}, "search": {"lr": [3.0e-3]},
+             "train": {"batch_size": 4, "val_every": 2, "num_threads": 1, "log_attention": False},
+             "budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2}, "pruner": {"name": "none"}}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_candidates_may_each_read_their_own_prepared_folder(tmp_path, registry):
+    """The tokenizer as what a study compares: one text, two prepared folders, ranked by bpb."""
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
+    path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
+    space = validate(load_study_config(path), registry)
+    runs = {c.name: space.run_config(c, None, seed=0) for c in space.candidates}
+    assert runs["bytes"]["task"] == {"name": "corpus_lm", "params": {"length": 16, "eval_tokens": 64, "path": str(by_bytes)}}
+    assert runs["chars"]["task"]["params"]["path"] == str(by_chars)
+    vocab = {c.name: space.task_for(runs[c.name]["task"]["params"]).vocab.size for c in space.candidates}
+    assert vocab["bytes"] == 261 and vocab["chars"] < 261
+
+
+@pytest.mark.parametrize(("task", "expected"), [
+    ({"paht": "x"}, "candidates[1] (b): task.params: unknown parameter 'paht'"),
+    ({"path": "not/prepared"}, "harness data prepare"),
+])
+def test_a_candidates_bad_task_params_fail_validation(tmp_path, registry, task, expected):
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    good = corpus(tmp_path)
+    path = study_file(tmp_path, [("a", {"path": str(good)}), ("b", task)])
+    with pytest.raises(ConfigError) as err:
+        validate(load_study_config(path), registry)
+    assert expected in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, registry, capsys):
+    from harness.cli import main
+
+    by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
+    path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
+    out = tmp_path / "report"
+    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "json"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(c["name"] for c in summary["candidates"]) == ["bytes", "chars"]
+    assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
+
+
+def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_path, capsys):
+    from harness.cli import main
+
+    (tmp_path / "raw").mkdir()
+    code = main(["train", "--task", "corpus_lm", "--model", "transformer", "--max-steps", "1", "--no-progress",
+                 "--set", f"task.params.path={tmp_path / 'raw'}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "Traceback" not in err
+    assert f"Prepare it first: harness data prepare YOUR_FILES... --tokenizer bytes --out {tmp_path / 'raw'}" in err

@@ -349,3 +349,13 @@ def test_two_processes_preparing_the_same_folder_at_once_both_succeed(tmp_path):
         assert p.returncode == 0, err
     assert sum(s["documents"] for s in open_corpus(out).manifest["splits"].values()) == 200
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out"], "no partial or old folder left"
+
+
+def test_the_python_api_prepares_as_the_command_does(tmp_path):
+    import harness
+
+    src = write_jsonl(tmp_path / "a.jsonl", make_docs(40))
+    result = harness.prepare_corpus([src], tmp_path / "out", workers=1, progress=False)
+    assert result.path == tmp_path / "out" and not result.reused
+    assert open_corpus(tmp_path / "out").manifest == result.manifest
+    assert harness.prepare_corpus([src], tmp_path / "out", progress=False).reused

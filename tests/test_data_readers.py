@@ -206,3 +206,21 @@ def test_a_tokenizer_file_that_does_not_load_is_a_config_error(tmp_path, content
 def test_unknown_tokenizer_specs_are_config_errors(spec):
     with pytest.raises(ConfigError, match="tokenizer"):
         build_tokenizer(spec, ["text"])
+
+
+def test_csv_fields_longer_than_the_csv_modules_default_limit_are_read(tmp_path):
+    long = "word " * 60_000  # 300 KB, past csv's 128 KiB default
+    with open(tmp_path / "a.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text"])
+        w.writerow([long])
+    assert texts([tmp_path / "a.csv"]) == [long]
+
+
+def test_a_csv_field_past_the_limit_names_file_and_line(tmp_path, monkeypatch):
+    from harness.data import readers
+
+    monkeypatch.setattr(readers, "CSV_FIELD_LIMIT", 10)
+    (tmp_path / "a.csv").write_text("text\nshort\n" + "x" * 20 + "\n")
+    with pytest.raises(ConfigError, match=r"a\.csv, line 3: not valid CSV \(field larger than field limit"):
+        texts([tmp_path / "a.csv"])

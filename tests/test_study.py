@@ -211,7 +211,7 @@ def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
 
 # -- pruning ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_pruned_trials_end_killed_with_a_tag(tmp_path, capsys):
+def test_pruned_trials_end_finished_with_a_tag_and_a_name(tmp_path, capsys):
     # Random sampler, slot-seeded: slot 0 draws lr 0.03, slots 1 and 2 draw 1e-6 (which does
     # not learn), so the median pruner (after one completed trial) prunes them at step 10.
     path = tiny_study(tmp_path, "prune", objective={"metric": "loss"},
@@ -228,7 +228,9 @@ def test_pruned_trials_end_killed_with_a_tag(tmp_path, capsys):
     client = MlflowClient(f"sqlite:///{os.environ['HARNESS_HOME']}/mlflow.db")
     for t in tune[1:]:
         run = client.get_run(t.user_attrs["harness.mlflow_run_id"])
-        assert run.info.status == "KILLED" and run.data.tags["harness.pruned"] == "true"
+        assert run.info.status == "FINISHED" and run.data.tags["harness.pruned"] == "true"
+        assert run.info.run_name == f"mha/tune/trial-{t.number} (pruned)"
+        assert "pruned at step 10 (val/loss = " in run.data.tags["mlflow.note.content"]
     assert main(["study", "status", "prune"]) == 0
     assert "3/3 (1 complete, 2 pruned, 0 failed)" in capsys.readouterr().out
 

@@ -8,9 +8,8 @@ from typing import Annotated
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from harness.plugin import Attention, AttentionConfig, AttentionSpec, FloatRange, Gt, hookimpl
+from torch import Tensor, nn
 
 
 @dataclass

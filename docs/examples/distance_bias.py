@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import torch
-from torch import Tensor, nn
-
 from harness.plugin import FloatRange, Gt, PositionScheme, PositionSpec, hookimpl
+from torch import Tensor, nn
 
 
 @dataclass

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
-from torch import Tensor, nn
-
 from harness.plugin import Complexity, FloatRange, Gt, Lt, Mixer, MixerSpec, hookimpl
+from torch import Tensor, nn
 
 
 @dataclass

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
-from torch import Tensor, nn
-
 from harness.plugin import (
     Choice,
     Ge,
@@ -20,6 +18,7 @@ from harness.plugin import (
     TransformerBlock,
     hookimpl,
 )
+from torch import Tensor, nn
 
 
 @dataclass

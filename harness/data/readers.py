@@ -279,10 +279,22 @@ def _json(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, st
         yield number, _pick(row, fields, path, number)
 
 
+#: The longest CSV field read (the csv module's default, 128 KiB, is shorter than many documents).
+CSV_FIELD_LIMIT = 1 << 30
+
+
 def _csv(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    csv.field_size_limit(CSV_FIELD_LIMIT)
     with _open_text(path) as f:
         reader = csv.DictReader(f)
-        for row in reader:
+        rows = iter(reader)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise ConfigError(f"{path}, line {reader.line_num + 1}: not valid CSV ({exc}).") from None
             yield reader.line_num, _pick(row, fields, path, reader.line_num)
 
 

@@ -14,6 +14,7 @@ from harness.report.render import (
     comparison_table,
     first_line,
     fixed_table,
+    headline,
     length_table,
     protocol_text,
     ranked_table,
@@ -35,6 +36,7 @@ def document(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
     if protocol.description:
         blocks.append(("p", protocol.description))
     blocks.append(("h2", "Verdict"))
+    blocks.append(("p", headline(results, verdict, protocol)))
     blocks += [("p", s) for s in verdict_text(results, verdict, protocol)]
     blocks.append(("h2", "Ranking"))
     blocks.append(ranked_table(results, verdict, protocol))

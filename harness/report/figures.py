@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.keys import Phase, val_key
-from harness.plots import extrapolation_curve, pyplot, save_figure
+from harness.plots import MARKERS, extrapolation_curve, pyplot, save_figure
 from harness.report.collect import CandidateResult, Protocol
 from harness.report.verdict import Verdict
 from harness.study.schema import COST_LABELS
@@ -128,17 +128,19 @@ def front(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     front_pts = []
-    for res in results:
+    shift = dodge({r.name: r.cost.get(cost, math.nan) for r in results if math.isfinite(r.mean)})
+    for i, res in enumerate(results):
         color = colors[res.name]
         pts = [(c, q) for c, q in res.tuning_points if math.isfinite(c)]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), s=14, color=color, alpha=0.35)
-        x = res.cost.get(cost, math.nan)
+            ax.scatter(*zip(*pts, strict=True), s=14, color=color, alpha=0.35,
+                       marker=MARKERS[i % len(MARKERS)])
+        x = res.cost.get(cost, math.nan) * shift.get(res.name, 1.0)
         if math.isfinite(x) and math.isfinite(res.mean):
             err = None
             if res.interval is not None and res.interval.defined:
                 err = [[res.mean - res.interval.low], [res.interval.high - res.mean]]
-            ax.errorbar([x], [res.mean], yerr=err, fmt="*" if res.on_front else "o",
+            ax.errorbar([x], [res.mean], yerr=err, fmt="*" if res.on_front else MARKERS[i % len(MARKERS)],
                         markersize=11 if res.on_front else 8, color=color, capsize=3,
                         label=res.name + (" (front)" if res.on_front else ""))
             if res.on_front:
@@ -156,11 +158,32 @@ def front(handle: StudyHandle, results: list[CandidateResult], verdict: Verdict,
     ax.set_ylabel(protocol.objective)
     label = next((r.interval.label for r in results if r.interval is not None), "")
     note = "" if verdict.front else "; no front: costs not resolved apart"
-    ax.set_title(f"Quality versus cost (small: tuning trials; large: confirmed mean, {label} "
-                 f"interval{note})", fontsize=9)
+    dodged = " Candidates of equal cost are drawn side by side." if any(
+        v != 1.0 for v in shift.values()) else ""
+    ax.set_title(f"Quality versus cost\nsmall: tuning trials; large: confirmed mean, {label} "
+                 f"interval{note}.{dodged}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def dodge(costs: dict[str, float], step: float = 0.04) -> dict[str, float]:
+    """Factors that move candidates of equal cost (within 1%) apart on the x axis, centred
+    on their cost (a factor, so it reads alike on a log axis), so no point hides another."""
+    out: dict[str, float] = {}
+    groups: list[list[str]] = []
+    for name, c in costs.items():
+        if not math.isfinite(c):
+            continue
+        group = next((g for g in groups if abs(costs[g[0]] - c) <= 0.01 * max(abs(c), 1e-12)), None)
+        if group is None:
+            groups.append([name])
+        else:
+            group.append(name)
+    for group in groups:
+        for k, name in enumerate(group):
+            out[name] = 1.0 + step * (k - (len(group) - 1) / 2)
+    return out
 
 
 def importance_min_trials(searched: int) -> int:

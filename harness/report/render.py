@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any
 
 from harness import stats
@@ -54,10 +55,19 @@ def p_text(p: float) -> str:
     return "–" if not math.isfinite(p) else "< 0.001" if p < 0.001 else f"{p:.3g}"
 
 
-def seeds_text(n: float) -> str:
+def seeds_text(n: float, difference: float = math.nan) -> str:
+    """How many seeds would resolve a comparison; ``difference``: its observed mean
+    difference (exactly 0: no number of seeds resolves it, and that is what to say)."""
+    if difference == 0:
+        return "none: no difference observed"
     if math.isnan(n):
         return "–"
     return "more than 10,000" if math.isinf(n) else f"about {n:,.0f}"
+
+
+def seeds_for(cmp: Comparison) -> str:
+    """:func:`seeds_text` of a comparison."""
+    return seeds_text(cmp.seeds_needed, cmp.paired.mean_difference)
 
 
 def methods(results: list[CandidateResult], protocol: Protocol) -> str:
@@ -131,7 +141,7 @@ def _comparison_row(r: CandidateResult, cmp: Comparison, role: str, verdict: Ver
         improve += f" [{fmt(cmp.improvement_interval.low, 2)}, {fmt(cmp.improvement_interval.high, 2)}]"
     return [r.name, f"{cmp.against} ({role})", interval(p.mean_difference, p.interval),
             percent(p.relative_difference), improve, p_text(p.p_value), p_text(p.p_adjusted),
-            "yes" if resolved else "no", "–" if resolved else seeds_text(cmp.seeds_needed)]
+            "yes" if resolved else "no", "–" if resolved else seeds_for(cmp)]
 
 
 def length_table(results: list[CandidateResult], protocol: Protocol) -> Block:
@@ -183,8 +193,8 @@ def verdict_text(results: list[CandidateResult], verdict: Verdict, protocol: Pro
                    f"that one is better.")
     else:
         group = ", ".join(verdict.best_group)
-        out.append(f"Best group (bold): {group} — the best mean ({verdict.best}) and every "
-                   f"candidate not resolved from it ({level}).")
+        out.append(f"Best group (bold): {group} — the best mean ({best_mean(ranked, verdict)}) "
+                   f"and every candidate not resolved from it ({level}).")
         below = [r for r in ranked if not r.best_group and r.vs_best is not None]
         out.append("Resolved below the best: " + "; ".join(
             f"{r.name} (Δ = {interval(r.vs_best.paired.mean_difference, r.vs_best.paired.interval)}, "
@@ -194,8 +204,82 @@ def verdict_text(results: list[CandidateResult], verdict: Verdict, protocol: Pro
     if open_:
         out.append("Seeds that would resolve the open comparisons with the best, if the observed "
                    f"difference and spread held ({POWER:.0%} power): " + "; ".join(
-                       f"{r.name}: {seeds_text(r.vs_best.seeds_needed)}" for r in open_ if r.vs_best) + ".")
+                       f"{r.name}: {seeds_for(r.vs_best)}" for r in open_ if r.vs_best) + ".")
     return out
+
+
+def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> str:
+    """The answer in one paragraph, before any table: which candidate is better, by how much
+    (each other candidate's difference from the best, with its interval) and how sure (the
+    intervals, the adjusted p-values, whether the difference is resolved)."""
+    by_name = {r.name: r for r in results}
+    ranked = [by_name[n] for n in verdict.order if n not in verdict.unranked]
+    if len(ranked) < 2:
+        return verdict_text(results, verdict, protocol)[0]
+    best = by_name[verdict.best] if verdict.best else ranked[0]
+    n = min(len(r.seeds) for r in ranked)
+    label = best.interval.label if best.interval is not None else ""
+    head = (f"{protocol.objective}, mean over {n} confirmation seed(s) with its {label} interval: "
+            if label else f"{protocol.objective}, mean over {n} confirmation seed(s): ")
+    if verdict.resolved and len(verdict.best_group) == 1:
+        lead = f"**{best_mean(ranked, verdict)} is best** with {interval(best.mean, best.interval)}."
+    elif verdict.resolved:
+        lead = (f"**Best: {', '.join(verdict.best_group)}** (not resolved apart); the best mean "
+                f"is {best_mean(ranked, verdict)}'s, {interval(best.mean, best.interval)}.")
+    else:
+        lead = (f"No difference is resolved (level {verdict.alpha:.3g}, Holm over "
+                f"{verdict.comparisons} pair(s)); the best mean is {best_mean(ranked, verdict)}'s, "
+                f"{interval(best.mean, best.interval)}.")
+    others = []
+    for r in ranked:
+        if r is best or r.vs_best is None:
+            continue
+        p = r.vs_best.paired
+        status = "resolved" if p.p_adjusted <= verdict.alpha else "not resolved"
+        others.append(f"{r.name} {fmt(r.mean)} (Δ = {interval(p.mean_difference, p.interval)}, "
+                      f"{percent(p.relative_difference)}, adjusted p = {p_text(p.p_adjusted)}: "
+                      f"{status})")
+    return head + lead + (" Against it: " + "; ".join(others) + "." if others else "")
+
+
+def ranked_line(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> str:
+    """The ranking on one line (Markdown): ``**1. rope** 0.98 [0.97, 0.99] · 2. nope ...``,
+    what fits the few lines a collapsed description shows; the best group in bold, as in the
+    report's table (nothing bold when nothing is resolved)."""
+    by_name = {r.name: r for r in results}
+    ranked = [by_name[n] for n in verdict.order if n not in verdict.unranked]
+    label = next((r.interval.label for r in ranked if r.interval is not None), "")
+    n = min((len(r.seeds) for r in ranked), default=0)
+    def item(r: CandidateResult) -> str:  # bold: the best group, when it is not everyone
+        name = f"{r.rank}. {r.name}"
+        return (f"**{name}**" if verdict.resolved and r.best_group else name) + " " + \
+            interval(r.mean, r.interval)
+
+    return (f"Ranked by {protocol.objective} (mean [{label} interval] over {n} confirmation "
+            f"seed(s); a shared rank: not resolved apart): " + " · ".join(map(item, ranked)))
+
+
+def short_verdict(results: list[CandidateResult], verdict: Verdict) -> str:
+    """A few words for a title: ``best: rope 0.98 [0.97, 0.99]`` when resolved, else
+    ``no difference resolved (best mean: rope 0.98)``."""
+    by_name = {r.name: r for r in results}
+    ranked = [by_name[n] for n in verdict.order if n not in verdict.unranked]
+    if not ranked or verdict.best is None:
+        return "no finished confirmation run"
+    best = by_name[verdict.best]
+    if len(ranked) == 1:
+        return f"only {best.name}: {fmt(best.mean)}"
+    if verdict.resolved:
+        return f"best: {', '.join(verdict.best_group)} ({best.name} {interval(best.mean, best.interval)})"
+    return f"no difference resolved (best mean: {best.name} {fmt(best.mean)})"
+
+
+def best_mean(ranked: list[CandidateResult], verdict: Verdict) -> str:
+    """The candidate with the best mean, as the table lists it first, and those tied with it:
+    ``rope, tied with sinusoidal``."""
+    best = next(r for r in ranked if r.name == verdict.best)
+    tied = [r.name for r in ranked if r is not best and r.mean == best.mean]
+    return best.name + (f", tied with {', '.join(tied)}" if tied else "")
 
 
 def protocol_text(protocol: Protocol, verdict: Verdict) -> str:
@@ -266,8 +350,8 @@ def render_html(blocks: list[Block], title: str) -> str:
     for kind, value in blocks:
         if kind in ("h1", "h2"):
             body.append(f"<{kind}>{e(value)}</{kind}>")
-        elif kind == "p":
-            body.append(f"<p>{e(value)}</p>")
+        elif kind == "p":  # **bold** as in the Markdown
+            body.append("<p>" + re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", e(value)) + "</p>")
         elif kind == "warn":
             body.append(f'<p class="warn"><strong>{e(value)}</strong></p>')
         elif kind == "list":

@@ -40,20 +40,47 @@ class CandidateNumbers:
     by_length: dict[int, float | None] = field(default_factory=dict)  # None: not applicable
 
 
-def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str]:
-    """The adapter to the report: each candidate's numbers, the ranked table (Markdown) and
-    the interval's method (``95% Student t``)."""
-    from harness.report.render import methods, ranked_table, render_markdown
+@dataclass
+class VerdictText:
+    """The verdict in the forms the parent run shows: its title, the ranking on one line
+    and the verdict in one paragraph (Markdown)."""
+
+    title: str
+    ranked: str
+    headline: str
+
+    def text(self) -> str:
+        """For the terminal: the ranking and the verdict, without the Markdown marks."""
+        import textwrap
+
+        return "\n".join(textwrap.fill(part.replace("**", ""), 100, subsequent_indent="  ")
+                         for part in (f"verdict: {self.title}", self.headline))
+
+
+def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, str, VerdictText]:
+    """The adapter to the report: each candidate's numbers, the ranked table (Markdown), the
+    interval's method (``95% Student t``) and the verdict (:class:`VerdictText`)."""
+    from harness.report.render import (
+        headline,
+        methods,
+        ranked_line,
+        ranked_table,
+        render_markdown,
+        short_verdict,
+    )
     from harness.report.write import analysed
 
     results, verdict, proto = analysed(handle, settle=False)
     table = render_markdown([ranked_table(results, verdict, proto)])
-    numbers = []
-    for r in results:
+    lead = VerdictText(short_verdict(results, verdict), ranked_line(results, verdict, proto),
+                   headline(results, verdict, proto))
+    numbers = []  # in the table's order: best first
+    by_name = {r.name: r for r in results}
+    for r in (by_name[name] for name in verdict.order):
         ci = (r.interval.low, r.interval.high) if r.interval is not None else (math.nan, math.nan)
         numbers.append(CandidateNumbers(r.name, math.nan if r.rank is None else float(r.rank),
                                         r.mean, ci, r.values(), dict(r.by_length)))
-    return numbers, table, methods(results, proto)
+    return numbers, table, methods(results, proto), lead
 
 
 def summary_metrics(config: StudyConfig, numbers: list[CandidateNumbers]
@@ -74,13 +101,23 @@ def summary_metrics(config: StudyConfig, numbers: list[CandidateNumbers]
     return flat, curves
 
 
-def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, method: str) -> str:
-    """The parent run's description (Markdown)."""
+def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, method: str,
+         lead: VerdictText | None = None) -> str:
+    """The parent run's description (Markdown). The UI shows a description's first 100
+    pixels (about five lines) and hides the rest behind "Show more": so the ranking comes
+    first, on one line, then the verdict in one paragraph (differences from the best, their
+    intervals and adjusted p-values), then a compact table, the full table and the legend.
+    ``@`` is spelled out (the UI turns ``@6`` into a link to a GitHub user)."""
     cfg = handle.config
     length = cfg.objective.length or int(handle.record["train_length"])
     seeds = ", ".join(map(str, cfg.confirm_seeds()))
     complete = all(len(c.seeds) == cfg.confirm.seeds for c in numbers)
-    lines = [
+    lines = [] if lead is None else [lead.ranked, "", lead.headline, ""]
+    if not complete:
+        lines = ["**Not every confirmation seed has finished.**", "", *lines]
+    lines += [
+        compact_table(numbers, f"val/{cfg.objective.metric} @{length}", method),
+        "",
         f"**Study {handle.name}**: {cfg.objective.direction} val/{cfg.objective.metric} at "
         f"evaluation length {length}; mean and {method} interval "
         f"over the confirmation seeds ({seeds}); Δ and p against the baseline {cfg.baseline} "
@@ -95,15 +132,31 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, metho
         f"mean and interval (`CANDIDATE/mean`, `/ci_low`, `/ci_high`) and the value at each "
         f"evaluation length (`CANDIDATE/{curve_key(cfg.objective.metric)}`, step = length). "
         f"The full report (figures, tables) is under this run's artifacts, `report/`, once "
-        f"`harness report {handle.name}` ran.",
+        f"`harness report {handle.name}` ran; `report/extrapolation.png` draws every "
+        f"candidate's mean by evaluation length on one chart, with its interval.",
     ]
     return "\n".join(lines)
 
 
-def write_summary(handle: StudyHandle) -> None:
-    """Log the summary to the parent run: metrics that changed, the per-length curves and the
-    description (repeating it with the same numbers logs nothing new)."""
-    numbers, table, method = report_numbers(handle)
+def compact_table(numbers: list[CandidateNumbers], objective: str, method: str) -> str:
+    """Rank, candidate and mean with its interval, in the order of ``numbers`` (the table's,
+    best first): the table that fits the first screen of the parent run (the full one
+    follows)."""
+    rows = [f"| rank | candidate | {objective}: mean [{method} interval] |", "|---|---|---|"]
+    for c in numbers:
+        rank = f"{c.rank:.0f}" if math.isfinite(c.rank) else "–"
+        ci = (f" [{c.ci[0]:.4g}, {c.ci[1]:.4g}]" if all(map(math.isfinite, c.ci)) else
+              " (one seed)" if len(c.seeds) == 1 else "")
+        mean = f"{c.mean:.4g}{ci}" if math.isfinite(c.mean) else "–"
+        rows.append(f"| {rank} | {c.name} | {mean} |")
+    return "\n".join(rows)
+
+
+def write_summary(handle: StudyHandle) -> VerdictText:
+    """Log the summary to the parent run: metrics that changed, the per-length curves, the
+    description and the verdict in its name (repeating it with the same numbers logs nothing
+    new); returns the verdict, for the terminal (:meth:`VerdictText.text`)."""
+    numbers, table, method, lead = report_numbers(handle)
     flat, curves = summary_metrics(handle.config, numbers)
     run = handle.tracker.client.get_run(handle.parent_run_id)
     logged = run.data.metrics
@@ -114,6 +167,10 @@ def write_summary(handle: StudyHandle) -> None:
     new_curves = {k: points for k, points in curves.items() if k.split("/", 1)[0] in touched}
     if new_curves:
         handle.tracker.log_series(handle.parent_run_id, new_curves)
-    text = note(handle, numbers, table, method)
+    text = note(handle, numbers, table, method, lead).replace(" @", " at length ")
     if run.data.tags.get(NOTE_TAG) != text:
         handle.tracker.set_tags(handle.parent_run_id, {NOTE_TAG: text})
+    title = f"{handle.name} · {lead.title}"  # the run page's title: the answer, first
+    if run.info.run_name != title:
+        handle.tracker.rename(handle.parent_run_id, title)
+    return lead

@@ -87,7 +87,9 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
     n_seeds = min((len(r.seeds) for r in ranked), default=0)
     floor = stats.resolution_floor(test, n_seeds, max(1, len(ranked) * (len(ranked) - 1) // 2),
                                    alpha)
-    best = max(ranked, key=lambda r: sign * r.mean) if ranked else None
+    # ties on the mean broken by name, as the table orders them, so "the best mean" is the
+    # candidate the table lists first among the best means
+    best = min(ranked, key=lambda r: (-sign * r.mean, r.name)) if ranked else None
     group = []
     if best is not None:
         for r in ranked:
@@ -100,6 +102,7 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
         _compare_with(r, best, base, protocol, adjusted, floor.comparisons)
     front, note = _front(ranked, protocol, better)
     order = sorted(ranked, key=lambda r: (r.rank or 0, -sign * r.mean, r.name))
+    group = [r.name for r in order if r.name in group]  # named in the table's order
     unranked = [r for r in results if r not in ranked]
     verdict = Verdict(alpha, test, floor.comparisons, floor, best.name if best else None, group,
                       [r.name for r in order + unranked], [r.name for r in unranked], front,

@@ -6,7 +6,8 @@
 (``harness.train`` in the public API; this module is not called ``train`` so it cannot
 shadow that function on the package.) Everything that can be validated is validated before
 the MLflow run is created; once it exists, the run always ends FINISHED, FAILED (with the
-reason in the ``harness.failure`` tag) or KILLED (pruned or interrupted) — never RUNNING.
+reason in the ``harness.failure`` tag), FINISHED as pruned (``harness.pruned``, its name
+suffixed " (pruned)") or KILLED (interrupted) — never RUNNING.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from harness.registry import Registry
 from harness.run import failure
 from harness.run.build import build, build_model
 from harness.run.plan import Plan, plan
-from harness.run.record import default_run_name, ending, provenance_tags, record, run_metrics
+from harness.run.record import (
+    PRUNED_SUFFIX,
+    default_run_name,
+    ending,
+    provenance_tags,
+    record,
+    run_metrics,
+)
 from harness.run.resources import check_memory
 
 
@@ -145,8 +153,9 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
     cfg = p.config
     resolved = p.resolved_config()
     tracker = tracking.Tracker(cfg.tracking.uri)
+    run_name = cfg.tracking.run_name or default_run_name(p)
     run_id = tracker.start_run(
-        cfg.tracking.experiment, run_name=cfg.tracking.run_name or default_run_name(p),
+        cfg.tracking.experiment, run_name=run_name,
         parent_run_id=parent_run_id,
         tags={**provenance_tags(p), **cfg.tracking.tags, **extra_tags},
     )
@@ -172,7 +181,7 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         count_uncounted(p, metrics)
         record(tracker, run_id, p, built, fitted, evaluation, metrics)
         metrics[Metric.TOTAL_S] = time.perf_counter() - started
-        tracker.log_metrics(run_id, {Metric.TOTAL_S: metrics[Metric.TOTAL_S]}, step=fitted.steps)
+        tracker.log_metrics(run_id, {Metric.TOTAL_S: metrics[Metric.TOTAL_S]})
         not_applicable = evaluation.not_applicable
         status = "FINISHED"
     except BaseException as exc:
@@ -184,6 +193,8 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
             error = failure.describe(exc, p, stage, run_id)
             tags[Tag.FAILURE] = str(error)
         tracker.set_tags(run_id, tags)
+        if Tag.PRUNED in tags:
+            tracker.rename(run_id, run_name + PRUNED_SUFFIX)
         if error is None:
             raise
     finally:

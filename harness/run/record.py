@@ -3,8 +3,9 @@
 Tags name every component with its plugin, distribution and version, the git commit and the
 batch format; a run's metrics are logged once at its end (per-step training curves are
 logged by Lightning during the fit); figures are the extrapolation curve and attention maps.
-A run that ends early says why: pruned and interrupted runs end KILLED with a tag, failed
-ones FAILED with the reason.
+A run that ends early says why: pruned runs end FINISHED with a tag, a description and
+"(pruned)" in their name (the pruner did what the study asked: nothing broke), interrupted
+ones KILLED with a tag, failed ones FAILED with the reason.
 """
 
 from __future__ import annotations
@@ -54,16 +55,26 @@ def default_run_name(p: Plan) -> str:
     return "/".join(parts) + f" on {p.task.name}"
 
 
+#: The suffix of a pruned run's name: ``rope/tune/trial-3 (pruned)``.
+PRUNED_SUFFIX = " (pruned)"
+
+
 def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
     """MLflow status and tags of a run that ended with ``exc``.
 
-    Pruned: KILLED + ``harness.pruned``. Interrupted: KILLED + ``harness.interrupted``; this
-    covers Ctrl-C and SIGTERM, which Lightning turns into ``SystemExit`` (its
-    ``SIGTERMException`` is one) after shutting the trainer down. Anything else: FAILED with
-    the reason in ``harness.failure``.
+    Pruned: FINISHED (the pruner stopped it, as the study asked: nothing broke, so the UI
+    shows no failure mark) + ``harness.pruned`` + a description that says when and why; the
+    caller suffixes its name with :data:`PRUNED_SUFFIX`. Interrupted: KILLED +
+    ``harness.interrupted``; this covers Ctrl-C and SIGTERM, which Lightning turns into
+    ``SystemExit`` (its ``SIGTERMException`` is one) after shutting the trainer down.
+    Anything else: FAILED with the reason in ``harness.failure``.
     """
     if type(exc).__name__ == "TrialPruned":
-        return "KILLED", {Tag.PRUNED: "true"}
+        why = str(exc) or "pruned"
+        return "FINISHED", {Tag.PRUNED: "true", Tag.NOTE: (
+            f"**Pruned** by the study's pruner, not failed: {why}. The pruner stopped it early "
+            f"because its validation at that step was behind what the candidate's other trials "
+            f"reached there; its metrics are those it logged until then.")}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "KILLED", {Tag.INTERRUPTED: "true"}
     return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}
@@ -71,7 +82,10 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
 
 def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict[str, float],
                 eval_s: float) -> dict[str, float]:
-    """Every metric a finished run reports: quality per length, then cost (``cost/*``)."""
+    """Every metric a finished run reports: quality per length, then cost (``cost/*``).
+    Logged at step 0 (:func:`record`; the training length's ``val/*`` at the last step, ending
+    their learning curves): one value per run, which MLflow charts as a bar per run (or per
+    group of runs), not as a lone point at the last optimizer step."""
     import torch
 
     metrics = dict(evaluation.metrics)
@@ -131,7 +145,12 @@ def decoding_state_size(model: Any, length: int) -> int | None:
 def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
            evaluation: Evaluation, metrics: dict[str, float]) -> None:
     """Log a finished run's metrics, its not-applicable lengths and its figures."""
-    tracker.log_metrics(run_id, metrics, step=fitted.steps)
+    # the learning curves' last points (``val/acc`` at the training length) at the last step;
+    # every other final value (per length, cost) at step 0: MLflow charts a metric with one
+    # value at step 0 as a bar per run, not as a lone point on a 399-400.5 axis
+    last = {k: v for k, v in metrics.items() if k.startswith("val/") and split_val_key(k) is None}
+    tracker.log_metrics(run_id, last, step=fitted.steps)
+    tracker.log_metrics(run_id, {k: v for k, v in metrics.items() if k not in last}, step=0)
     tracker.log_series(run_id, length_curves(evaluation.metrics))  # the UI charts the curve
     if evaluation.not_applicable:
         tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, evaluation.not_applicable))})

@@ -168,6 +168,7 @@ class HarnessSystem(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         distributed = self.trainer.world_size > 1
+        fitting = self.trainer.state.fn == "fit"
         for length in self.val_lengths:
             reduced = self._reduce(self._sums[length])
             metrics = summarize(reduced, self.task.report_perplexity)
@@ -178,8 +179,11 @@ class HarnessSystem(L.LightningModule):
                 if length == self.task.train_length:
                     keys.append(val_key(name))
                 for key in keys:  # equal on every rank once reduced: syncing keeps Lightning quiet
+                    # To MLflow: while fitting, the learning curve at the training length
+                    # (``val/acc``) and not its per-length twin, which would repeat it; the final
+                    # evaluation's values are recorded once, by harness.run.record.
                     self.log(key, value, prog_bar=key in (val_key("loss"), val_key("acc")),
-                             sync_dist=distributed)
+                             sync_dist=distributed, logger=fitting and key == val_key(name))
 
     def _reduce(self, sums: dict[str, Any]) -> dict[str, float]:
         """Validation sums over every device's share of the examples (one reduction)."""

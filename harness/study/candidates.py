@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, pydantic_message
 from harness.params import (
     Choice,
     FloatRange,
@@ -167,7 +167,7 @@ def _check_type(param: Param, value: Any, where: str) -> None:
     try:
         TypeAdapter(param.type).validate_python(value)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {value!r} is invalid: {exc.errors()[0]['msg']}.") from None
+        raise ConfigError(f"{where}: {value!r} is invalid: {pydantic_message(exc.errors()[0] | {'loc': ()})}.") from None
 
 
 def _width_values(param: Param, override: Any, where: str) -> list[int]:

@@ -164,7 +164,7 @@ def _study_run(args: argparse.Namespace) -> int:
                   f"the parent run)")
         else:
             print(f"write the report with `harness report {handle.name}{storage}`")
-        write_summary(handle)
+        print(write_summary(handle).text())
         print(f"summary on the MLflow parent run; browse with `harness ui --study {handle.name}`")
     return 0
 
@@ -221,7 +221,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     formats = parse_formats(args.format)  # before opening anything: a typo exits at once
     handle = _open(args)
     out = write_report(handle, args.out, formats=formats)
-    write_summary(handle)
+    print(write_summary(handle).text())
     print(f"report written to {out} and logged to MLflow run {handle.parent_run_id}:")
     for path in written_files(out, formats):
         print(f"  {path}")

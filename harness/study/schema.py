@@ -92,6 +92,11 @@ class Candidate(Strict):
     name: Name
     description: str = ""
     model: CandidateModel
+    task: dict[str, Any] = Field(
+        default_factory=dict, exclude_if=lambda params: not params,  # keeps old fingerprints
+        description="task params this candidate sets over task.params (the task is the "
+                    "study's), e.g. {path: corpora/mine-bpe} to compare tokenizers",
+    )
     cell: ScalingCell | None = Field(None, exclude_if=lambda v: v is None)
 
 

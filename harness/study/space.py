@@ -11,6 +11,7 @@ and parameter-count matching: the width whose model is closest to ``budget.param
 from __future__ import annotations
 
 import copy
+import json
 import typing
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -119,6 +120,7 @@ class StudySpace:
     train_length: int
     eval_lengths: tuple[int, ...]
     notes: list[str] = field(default_factory=list)
+    _tasks: dict[str, Any] = field(default_factory=dict, repr=False)  # task_for's cache
 
     @property
     def objective_length(self) -> int:
@@ -150,7 +152,7 @@ class StudySpace:
         model.update(_fixed_roles(cand))
         if cand.candidate.model.preset:
             model["preset"] = cand.candidate.model.preset
-        run = {"task": cfg.task.model_dump(), "model": model, "train": train,
+        run = {"task": self.task_config(cand), "model": model, "train": train,
                "plugins": list(cfg.plugins)}
         if cand.width_param is not None:
             width, _ = self.match_width(cand, run)
@@ -192,7 +194,25 @@ class StudySpace:
         model.update(_fixed_roles(cand))
         if cand.candidate.model.preset:
             model["preset"] = cand.candidate.model.preset
-        return {"task": self.config.task.model_dump(), "model": model}
+        return {"task": self.task_config(cand), "model": model}
+
+    def task_config(self, cand: CandidateSpace) -> dict[str, Any]:
+        """The study's task with the candidate's own task params over its params."""
+        task = self.config.task.model_dump()
+        task["params"] = {**task["params"], **cand.candidate.task}
+        return task
+
+    def task_for(self, params: dict[str, Any]) -> Any:
+        """The study's task built with these params (cached; the study's own: :attr:`task`)."""
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in self._tasks:
+            spec = self.registry.get("task", self.config.task.name)
+            try:
+                self._tasks[key] = spec.build(resolve(spec.config, params, "task.params"),
+                                              seed=self.config.data_seed)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"task '{spec.name}' could not be built with {params}: {exc}.") from None
+        return self._tasks[key]
 
     def measure(self, run: dict[str, Any], what: str = "params") -> int | None:
         """The parameter count (``params``) or decoding-state size at the training length
@@ -204,7 +224,8 @@ class StudySpace:
 
         try:
             p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)
-            info = task_info(p, self.task)
+            params = run["task"].get("params", {})
+            info = task_info(p, self.task if params == self.config.task.params else self.task_for(params))
             model = build_model(p, info)
         except HarnessError:
             return None
@@ -299,6 +320,22 @@ def _size_hint(space: StudySpace, cand: CandidateSpace) -> str:
     return f", scaling.sizes[{cell.size}] = {scaling.sizes[cell.size]}"
 
 
+def _check_candidate_task(space: StudySpace, cand: CandidateSpace) -> None:
+    """A candidate's own task params: known to the task, and the task builds with them (a
+    prepared corpus that is not there fails here, before any trial)."""
+    if not cand.candidate.task:
+        return
+    where = f"candidates[{cand.index}].task"
+    spec = space.registry.get("task", space.config.task.name)
+    params = space.task_config(cand)["params"]
+    resolve(spec.config, params, where)
+    task = space.task_for(params)
+    length = space.config.objective.length
+    if length is not None and length not in task.eval_lengths:
+        raise ConfigError(f"{where}: objective.length {length} is not one of this candidate's "
+                          f"evaluation lengths ({', '.join(map(str, task.eval_lengths))}).")
+
+
 def _same_data(space: StudySpace) -> bool:
     """Whether the task draws the same training examples for another data seed."""
     spec = space.registry.get("task", space.config.task.name)
@@ -329,6 +366,8 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
             f"objective.length: {length} is not an evaluation length of task '{tspec.name}' "
             f"({', '.join(map(str, space.eval_lengths))}); add it to task.params.eval_lengths."
         )
+    for cand in cands:
+        _check_candidate_task(space, cand)
     if config.multi_objective and config.pruner.name != "none":
         space.notes.append(
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"

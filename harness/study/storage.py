@@ -200,13 +200,40 @@ def study_names(storage: Any, old_layout: bool = False) -> list[str]:
                   if Attr.RECORD in s.user_attrs and s.study_name.endswith(suffix) != old_layout)
 
 
+def resolve_name(storage: Any, name: str) -> str:
+    """The study a user means by ``name``: the study of that name, else the one study named
+    ``name-PROFILE`` that ran a profile of the file ``name`` (``quickstart`` is
+    ``quickstart-cpu`` where only the CPU profile ran). Several such studies: an error naming
+    them. Every command that takes a study name resolves it here (through :func:`open_study`)."""
+    suffix = "/" + RECORD_SUFFIX
+    profiled = []
+    for s in storage.get_all_studies():
+        record = s.user_attrs.get(Attr.RECORD)
+        if not record or not s.study_name.endswith(suffix):
+            continue
+        full = s.study_name.removesuffix(suffix)
+        if full == name:
+            return name
+        profile = (record.get("config") or {}).get("profile")
+        if profile and full == f"{name}-{profile}":
+            profiled.append(full)
+    if len(profiled) > 1:
+        raise HarnessError(
+            f"study '{name}' ran with several profiles: {', '.join(sorted(profiled))}. Name the "
+            f"one you mean."
+        )
+    return profiled[0] if profiled else name
+
+
 def open_study(name: str, storage: Any, storage_url: str, tracking_uri: str | None = None,
                check_tracking: bool = True) -> StudyHandle:
-    """An existing study by name, or a HarnessError listing the studies in the storage.
+    """An existing study by name (or by the name of its file without the profile suffix:
+    :func:`resolve_name`), or a HarnessError listing the studies in the storage.
     ``check_tracking=False``: do not look for the parent run in MLflow (nor import it)."""
     import difflib
     import re
 
+    name = resolve_name(storage, name)
     record = _read_record(storage, name) if re.match(NAME_PATTERN, name) else None
     if not record:
         names = study_names(storage)

@@ -177,6 +177,8 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                            callbacks=[callback], extra_tags=tags)
             trial.set_user_attr(Attr.RUN, result.run_id)
             values = objective_values(cfg, space, result)
+            if result.run_id:
+                handle.tracker.set_tags(result.run_id, {Tag.NOTE: child_note(handle, space, tags, values[0])})
             study.tell(trial, values, skip_if_finished=True)
             log(f"{label} {' / '.join(f'{v:.4g}' for v in values)} ({time.monotonic() - started:.1f} s)")
             return "COMPLETE"
@@ -198,6 +200,23 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             _fail(handle, study, trial, key, tags, reason)
             log(f"{label} FAILED: {reason}")
             return "FAIL"
+
+
+def child_note(handle: StudyHandle, space: StudySpace, tags: dict[str, str], value: float) -> str:
+    """A child run's description, the first thing its page shows: what the run is, its
+    objective, and where the comparison is (the parent run)."""
+    cfg = handle.config
+    objective = f"val/{cfg.objective.metric} at length {space.objective_length}"
+    cand = tags[Tag.CANDIDATE]
+    if tags[Tag.PHASE] == Phase.CONFIRM:
+        what = (f"Confirmation run of candidate **{cand}** with seed {tags.get(Tag.SEED)}, its best "
+                f"tuned configuration re-run")
+    else:
+        what = f"Tuning trial {tags[Tag.TRIAL_NUMBER]} of candidate **{cand}**"
+    return (f"{what} in study {handle.name}: {objective} = **{value:.4g}**. One run says little "
+            f"on its own: each candidate's mean over the confirmation seeds, its interval, the "
+            f"ranking and the verdict are on the study's parent run ({handle.name}), and the "
+            f"study's runs grouped by candidate open with `harness ui`.")
 
 
 def run_name(tags: dict[str, str]) -> str:

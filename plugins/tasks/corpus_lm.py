@@ -5,7 +5,7 @@ it is not prepared (or not given) and ``source`` names files, the task prepares 
 use, as ``harness data prepare SOURCE --tokenizer TOKENIZER --out PATH`` would (reused while
 the source is unchanged); ``source: shakespeare`` is the text the project ships
 (``data/shakespeare.txt.bz2``, blank-line-separated speeches as documents). Without ``path``
-the folder is ``<cache>/corpora/<source>-<tokenizer>`` (the harness's cache folder:
+the folder is ``<cache>/corpora/<source name>-<hash of its path>-<tokenizer>`` (the harness's cache folder:
 ``$HARNESS_CACHE_DIR``, else ``~/.cache/harness``); with neither, the task is Shakespeare in
 bytes. ``length`` is in tokens of the corpus's tokenizer.
 
@@ -28,6 +28,7 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Iterator
@@ -98,8 +99,10 @@ def corpus_folder(config: CorpusLMConfig) -> Path:
     source = config.source or ("" if path is not None else "shakespeare")
     if not source:
         return path  # type: ignore[return-value]  # not prepared: open_corpus says how to
-    if path is None:
-        path = cache_dir() / "corpora" / f"{_safe(Path(source).name)}-{_safe(config.tokenizer)}"
+    if path is None:  # one cache folder per source (its absolute path) and tokenizer
+        name = source if source in SHIPPED else \
+            f"{_safe(Path(source).name)}-{hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:8]}"
+        path = cache_dir() / "corpora" / f"{name}-{_safe(config.tokenizer)}"
     if source in SHIPPED:
         with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
             prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
@@ -116,6 +119,8 @@ def symbols(tokenizer: Any, vocab_size: int) -> tuple[str, ...]:
         name = "<eod>" if i == tokenizer.eod_id else tokenizer.decode([i])
         if not name or "\ufffd" in name or name in seen:
             name = f"<{i}>"
+            while name in seen:  # a token that spells "<i>" itself came first
+                name += "'"
         seen.add(name)
         names.append(name)
     return tuple(names)
