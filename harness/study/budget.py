@@ -158,10 +158,11 @@ def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> tuple[int | No
 
     try:
         p = plan(parse_run_config(run), space.registry)
-        info_key = (id(space.task), str(p.fmt))
+        task = space.task_for(run["task"]["params"])  # the candidate's own task params over the study's
+        info_key = (id(task), str(p.fmt))
         if info_key not in _INFO:
-            _INFO[info_key] = task_info(p, space.task)
-        rough = estimate(p, space.task, _INFO[info_key])
+            _INFO[info_key] = task_info(p, task)
+        rough = estimate(p, task, _INFO[info_key])
         t = p.config.train
         rough_steps = (rough.steps_for_flops(t.max_flops) if t.max_flops is not None
                        else rough.steps_for_tokens(float(t.max_tokens or 0)))
@@ -174,7 +175,7 @@ def check_one_step(space: Any, cand: Any, run: dict[str, Any]) -> tuple[int | No
             "train": {k: v for k, v in run["train"].items() if k not in ("max_flops", "max_tokens")}},
             sort_keys=True, default=str)
         if key not in _PROBED:
-            _PROBED[key] = probe(p, task=space.task, measure_uncounted=True)
+            _PROBED[key] = probe(p, task=task, measure_uncounted=True)
         cost = _PROBED[key]
         share = cost.uncounted_per_token / cost.flops_per_token if cost.flops_per_token else None
         return resolve_steps(p, cost), share
