@@ -5,6 +5,7 @@ same budget or is a shared recipe (which its report's first line then says)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -51,3 +52,36 @@ def test_every_shipped_cpu_profile_tunes_six_configurations_or_is_a_shared_recip
         return  # a shared recipe: the report's first line says "Shared recipe, not tuned"
     searched = {k: v for k, v in cfg.search.items() if not (isinstance(v, list) and len(v) == 1)}
     assert cfg.budget.trials >= 6 and "lr" in searched, path.name
+
+
+@pytest.mark.slow
+def test_a_real_study_tunes_under_successive_halving_and_confirms_the_best(tmp_path):
+    """Six learning rates, a rung every 5 of 20 steps: the worse configurations stop at a rung
+    (PRUNED), the best completes, and its configuration is the one confirmed."""
+    from harness.cli import main
+    from harness.keys import Phase
+    from harness.study.storage import phase_study_name
+
+    data = {"name": "sha", "task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 128,
+                                                               "num_val": 32}},
+            "candidates": [{"name": "mha", "model": {
+                "name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16, "ffn_mult": 2},
+                "search_declared": False, "attention": {"name": "multi_head", "search_declared": False},
+                "position": {"name": "sinusoidal", "search_declared": False}}}],
+            "objective": {"metric": "acc"}, "search": {"lr": {"low": 1e-4, "high": 3e-2, "log": True}},
+            "train": {"batch_size": 16, "val_every": 5, "warmup_steps": 2, "num_threads": 1},
+            "budget": {"trials": 6, "steps": 20}, "confirm": {"seeds": 2},
+            "sampler": {"name": "random", "seed": 3},
+            "pruner": {"name": "successive_halving", "reduction_factor": 3},
+            "resume": {"heartbeat_s": 1, "grace_s": 60, "poll_s": 0.3}}
+    path = tmp_path / "sha.yaml"
+    path.write_text(yaml.safe_dump(data))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    assert main(["study", "run", str(path), "--storage", storage]) == 0
+    def trials(phase: str) -> list[Any]:
+        return optuna.load_study(study_name=phase_study_name("sha", phase, "mha"),
+                                 storage=storage).get_trials(deepcopy=False)
+
+    states = [t.state.name for t in trials(Phase.TUNE)]
+    assert len(states) == 6 and "PRUNED" in states and "COMPLETE" in states
+    assert [t.state.name for t in trials(Phase.CONFIRM)] == ["COMPLETE", "COMPLETE"]
