@@ -8,14 +8,22 @@
 #   export MLFLOW_TRACKING_URI=http://mlflow-host:5000
 #   sbatch --array=0-3 examples/slurm_study.sh studies/g2p_seq2seq.yaml
 #
-# A worker that is pre-empted or hits the time limit (SIGTERM) ends its trial KILLED; its
-# slot is retried by another worker. Re-submit the same array to finish a study.
+# Time limits and preemption: 120 s before the limit Slurm sends SIGUSR1 to this script
+# (--signal=B:USR1@120), which passes it to the worker; the worker checkpoints its trial
+# (train.checkpoint_every sets the regular ones), ends it KILLED (harness.preempted=true) and
+# exits 75; the script then requeues this task (--requeue), and the requeued worker (or any
+# other) continues the trial from that checkpoint in the same MLflow run. Checkpoints live in
+# $HARNESS_HOME/checkpoints: put HARNESS_HOME on a file system every node sees. A worker
+# killed outright (SIGKILL, a lost node) is retried from its last regular checkpoint once its
+# heartbeat goes stale. Re-submit the same array to finish a study.
 #SBATCH --job-name=harness-study
 #SBATCH --array=0-3
 #SBATCH --cpus-per-task=8
 #SBATCH --gres=gpu:1
 #SBATCH --time=12:00:00
-#SBATCH --signal=TERM@120
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=harness-%A_%a.out
 set -euo pipefail
 
@@ -27,5 +35,18 @@ if [ -n "${HARNESS_VENV:-}" ]; then
 fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
 echo "worker ${SLURM_ARRAY_TASK_ID:-0} of study $STUDY on $(hostname)"
-# exec: Slurm's signals reach the harness itself.
-exec harness study run "$STUDY" --storage "$HARNESS_STORAGE" --tracking-uri "$MLFLOW_TRACKING_URI"
+harness study run "$STUDY" --storage "$HARNESS_STORAGE" --tracking-uri "$MLFLOW_TRACKING_URI" &
+worker=$!
+trap 'kill -USR1 "$worker" 2>/dev/null || true' USR1   # the warning: checkpoint and stop
+trap 'kill -TERM "$worker" 2>/dev/null || true' TERM   # scancel, or the limit itself
+code=0
+wait "$worker" || code=$?
+while kill -0 "$worker" 2>/dev/null; do   # a trap ended `wait` early: wait for the worker
+  code=0
+  wait "$worker" || code=$?
+done
+if [ "$code" -eq 75 ]; then   # checkpointed on SIGUSR1: run this task again
+  echo "worker checkpointed on SIGUSR1; requeueing job ${SLURM_JOB_ID:-?}"
+  scontrol requeue "${SLURM_JOB_ID:?requeue needs SLURM_JOB_ID}"
+fi
+exit "$code"

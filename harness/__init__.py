@@ -107,8 +107,9 @@ def create_model(
     return build_model_from(parts, info)
 
 
-def train(config: Any, *, verbose: bool | None = None, **kwargs: Any) -> RunResult:
+def train(config: Any = None, *, verbose: bool | None = None, **kwargs: Any) -> RunResult:
     """Train one run from a config (path, dict or RunConfig); see :func:`harness.run.pipeline.train`.
+    ``resume=RUN_ID`` continues a stopped run from its last checkpoint (config optional).
 
     As quiet as ``harness train``: MLflow's and Lightning's INFO lines, tips and internal
     warnings are kept off for the call; ``verbose=True`` (or ``HARNESS_VERBOSE=1``) lets
@@ -118,6 +119,16 @@ def train(config: Any, *, verbose: bool | None = None, **kwargs: Any) -> RunResu
 
     with quieted(verbose):
         return _train(config, **kwargs)
+
+
+def load_model(ref: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+    """The trained module (in eval mode) and its resolved config, from a run id (its final
+    weights in the store, else its newest checkpoint) or a folder written by ``harness
+    export``; see :mod:`harness.run.trained`."""
+    from harness.run.trained import load
+
+    trained = load(os.fspath(ref))
+    return trained.model, trained.config
 
 
 def study_runs(study: str, storage: str | None = None, tracking_uri: str | None = None, *,
@@ -161,6 +172,7 @@ __all__ = [
     "create_task",
     "hookimpl",
     "list_plugins",
+    "load_model",
     "load_plugins",
     "prepare_corpus",
     "study_runs",

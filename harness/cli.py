@@ -97,12 +97,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # -- train -----------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
-    with ctrl_c("The run stays RUNNING in MLflow (a run does not resume; train it again)."):
+    with ctrl_c("The run stays RUNNING in MLflow (resume it with --resume RUN_ID if it saved a "
+                "checkpoint, else train it again)."):
         try:
             return _train(args)
         except Interrupted as exc:
-            exc.resume = exc.resume or ("Run the same command again to train it from the start "
-                                        "(a run does not resume).")
+            exc.resume = exc.resume or ("Run the same command again to train it from the start, "
+                                        "or continue it with `harness train --resume RUN_ID` if it "
+                                        "saved a checkpoint (train.checkpoint_every).")
             raise
 
 
@@ -117,6 +119,8 @@ def _train(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.insert(0, f"{key}={value}")
+    if args.resume:
+        return _resume(args, overrides)
     if args.from_run:
         if args.config or overrides:
             raise HarnessError("harness train --from-run RUN_ID re-runs a recorded run as it was: "
@@ -135,15 +139,39 @@ def _train(args: argparse.Namespace) -> int:
     if args.tracking_uri:  # as given: a URI is not YAML ('#' would start a comment)
         cfg.tracking.uri = args.tracking_uri
 
+    from harness.run.checkpoint import stop_on_sigusr1
     from harness.run.pipeline import train
 
-    result = train(cfg)
+    with stop_on_sigusr1():
+        result = train(cfg)
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
     for key in sorted(result.metrics):
         print(f"  {key:<32} {result.metrics[key]:.4f}")
     if result.not_applicable:
         print(f"  not applicable at lengths: {', '.join(map(str, result.not_applicable))}")
     print("browse it with `harness ui`")
+    return 0
+
+
+def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
+    """``harness train --resume RUN_ID [CONFIG]``: a config given must be the run's own."""
+    from harness.run.pipeline import train
+
+    cfg = None
+    if args.config or overrides:
+        from harness.config import load_run_config
+
+        cfg = load_run_config(args.config, overrides)
+        cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
+        if args.tracking_uri:
+            cfg.tracking.uri = args.tracking_uri
+    from harness.run.checkpoint import stop_on_sigusr1
+
+    with stop_on_sigusr1():
+        result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri)
+    print(f"\nrun {result.run_id} {result.status} (resumed); {result.num_params:,} parameters")
+    for key in sorted(result.metrics):
+        print(f"  {key:<32} {result.metrics[key]:.4f}")
     return 0
 
 
@@ -207,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-run", default=None, metavar="RUN_ID",
                    help="re-run a recorded MLflow run (its config, seeds and plugins) and say "
                         "whether its metrics match the recorded ones")
+    p.add_argument("--resume", default=None, metavar="RUN_ID",
+                   help="continue a stopped run from its last checkpoint, in the same MLflow run "
+                        "(see train.checkpoint_every)")
     _plugin_args(p)
     _tracking_args(p)
     p.set_defaults(handler=cmd_train)
@@ -243,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
 EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold",
-                     "harness.data.cli")
+                     "harness.data.cli", "harness.trained_cli")
 
 
 class _Version(argparse.Action):
@@ -284,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
     except SystemExit as exc:
+        if type(exc).__name__ == "Preempted":  # SIGUSR1: checkpointed (harness.run.checkpoint)
+            print(f"harness: SIGUSR1: checkpointed at step {getattr(exc, 'step', '?')} and stopped "
+                  f"(exit {exc.code}); `harness train --resume RUN_ID` or the same `harness study "
+                  f"run` command continues it.", file=sys.stderr)
+            return int(exc.code or 75)
         # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which
         # would exit 0: report the termination the way a shell and a scheduler expect.
         if type(exc).__name__ == "SIGTERMException":

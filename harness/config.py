@@ -46,6 +46,8 @@ MAX_SEED = 2**32 - 1
 MAX_STEPS = 10**9
 MAX_BATCH = 2**20
 MAX_SECONDS = 366 * 86400
+#: ``train.checkpoint_every`` as a time or 'off': ``10min``, ``1.5min``, ``off``.
+CHECKPOINT_EVERY = r"^(off|\d+(\.\d+)?min)$"
 
 
 class Strict(BaseModel):
@@ -135,7 +137,7 @@ class TrainConfig(Strict):
                     "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
     max_time_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap for fitting")
-    # Compute budgets (harness.run.flops): the steps follow from them, so max_steps is not set too.
+    # Compute budgets (harness.run.flops): the steps follow from them (max_steps is replaced).
     max_flops: float | None = Field(
         None, gt=0, le=1e30, exclude_if=lambda v: v is None,
         description="training FLOPs of the run: max_steps = this / (FLOPs per token counted on one "
@@ -164,15 +166,27 @@ class TrainConfig(Strict):
                                     "default; in a study worker, usable cores ÷ workers on the machine)")
     progress: bool = True
     checkpoint: bool = False
+    # -- checkpoints for resuming (harness.run.checkpoint) --
+    checkpoint_every: (Annotated[int, Field(ge=1, le=MAX_STEPS)]
+                       | Annotated[str, Field(pattern=CHECKPOINT_EVERY)] | None) = Field(
+        None, description="save a resumable checkpoint every N optimizer steps, or every so many "
+        "minutes ('10min'); 'off' never; unset: off on the CPU, '30min' on other devices")
+    checkpoint_keep: int = Field(2, ge=1, le=1000, description="newest checkpoints kept")
+    checkpoint_best: bool = Field(True, description="also keep the checkpoint with the best "
+                                  "checkpoint_metric (among those saved after a validation)")
+    checkpoint_metric: str = Field("val/loss", pattern=r"^val/[A-Za-z0-9_]+$",
+                                   description="what 'best' means: a validation metric")
+    checkpoint_mode: Literal["min", "max"] = "min"
+    save_model: bool = Field(True, description="keep the final weights (harness.load_model, "
+                             "harness generate, harness export)")
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
 
     @model_validator(mode="after")
-    def _one_length(self) -> TrainConfig:
-        """A compute budget sets the steps: max_steps, max_flops and max_tokens exclude each other."""
-        given = [k for k in ("max_steps", "max_flops", "max_tokens")
-                 if k in self.model_fields_set and getattr(self, k) is not None]
-        if len(given) > 1:
-            raise ValueError(f"{' and '.join(given)} both set the number of steps: keep one")
+    def _one_budget(self) -> TrainConfig:
+        """max_flops and max_tokens exclude each other; either replaces max_steps with the
+        steps it buys (a run's logged config holds both, and re-runs as it ran)."""
+        if self.max_flops is not None and self.max_tokens is not None:
+            raise ValueError("max_flops and max_tokens both set the number of steps: keep one")
         return self
 
     @model_validator(mode="after")

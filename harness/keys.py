@@ -31,6 +31,8 @@ class Tag:
     FAILURE = "harness.failure"  # the reason a run FAILED
     PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker
+    PREEMPTED = "harness.preempted"  # KILLED after checkpointing on SIGUSR1 (resumable)
+    RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     # the runs of a study (parent and children)
     STUDY = "harness.study"
@@ -97,6 +99,8 @@ class Metric:
     BUDGET_FLOPS = "cost/budget_flops"  # train.max_flops, when the run had one
     BUDGET_TOKENS = "cost/budget_tokens"  # train.max_tokens, when the run had one
     UNCOUNTED_FLOPS_PER_TOKEN = "cost/uncounted_flops_per_token"  # train.flops_count: all
+    CHECKPOINT_MB = "cost/checkpoint_disk_mb"  # the run's checkpoint folder after a save
+    CHECKPOINT_S = "cost/checkpoint_s"  # wall time spent saving checkpoints (this process)
 
 
 def val_key(metric: str, length: int | None = None) -> str:

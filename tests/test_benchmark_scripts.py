@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,3 +43,17 @@ def test_uncounted_flops_runs_at_its_smallest_size(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| attention (multi_head) |" in done.stdout and "| mamba |" in done.stdout
+
+
+@pytest.mark.slow
+def test_checkpoint_cpu_runs_at_its_quick_size(tmp_path):
+    out = tmp_path / "checkpoint.md"
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_cpu.py"), "--quick",
+                           "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "transformer" in line]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[2]) >= 2 and float(cells[3]) > 0 and float(cells[4]) > 0  # checkpoints, MB, s

@@ -130,9 +130,12 @@ def test_a_flop_budget_smaller_than_one_step_is_refused_before_anything_runs(tmp
     assert not list(tracking.home().rglob("mlflow.db"))  # no store, so no run, was created
 
 
-def test_steps_and_a_compute_budget_cannot_both_be_set():
-    with pytest.raises(ConfigError, match="max_steps and max_flops both set"):
-        parse_run_config(run_config(max_steps=10, max_flops=1e9))
+def test_a_compute_budget_replaces_max_steps_and_flops_and_tokens_exclude_each_other():
+    """A run's logged config holds the derived max_steps beside max_flops: it re-runs as it ran."""
+    with pytest.raises(ConfigError, match="max_flops and max_tokens both set"):
+        parse_run_config(run_config(max_tokens=1000, max_flops=1e9))
+    p = the_plan(run_config(32, 1, 32, 2, max_steps=7, max_tokens=8 * 32 * 40))
+    assert flops.resolve_steps(p) == 40
 
 
 # -- studies -------------------------------------------------------------------------------

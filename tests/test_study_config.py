@@ -106,7 +106,7 @@ def test_run_config_samples_prefixed_names(registry):
     ({"candidates__0__model__search": {"heads": [2]}},
      "candidates[0].model: heads is both fixed (params) and searched (search)"),
     ({"candidates__0__model__params": {"heads": 3, "layers": 1}, "candidates__0__model__search": {}},
-     "candidates[0] (mha): model.params.: Value error, d_model (64) must be divisible by heads (3)"),
+     "candidates[0] (mha): model.params: d_model (64) must be divisible by heads (3)"),
     ({"candidates__1__name": "mha"}, "candidate names must be unique; repeated: mha"),
     ({"candidates__1__name": "bad name"}, "candidates[1].name"),
     ({"objective": {"metric": "per_token_whatever"}}, "objective: direction is required"),

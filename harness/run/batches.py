@@ -64,6 +64,7 @@ class DeviceBatches:
         self.tensors = {k: v.to(device) for k, v in full.items()}
         self.device = device
         self.generator = torch.Generator().manual_seed(seed)
+        self.epoch_start, self.skip = self.generator.get_state(), 0  # the resumable position
 
     @property
     def per_rank(self) -> int:
@@ -79,10 +80,26 @@ class DeviceBatches:
     def epoch(self) -> list[torch.Tensor]:
         """The rows of this process's batches in the next epoch (a fresh permutation)."""
         n = len(self.examples)
+        self.epoch_start = self.generator.get_state()
         order = torch.randperm(n, generator=self.generator)
         if self.world > 1:  # equal shares: wrap around to a multiple of world
             order = torch.cat([order, order[: self.per_rank * self.world - n]])[self.rank::self.world]
-        return list(order.split(self.batch_size))
+        skip, self.skip = self.skip, 0
+        return list(order.split(self.batch_size))[skip:]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position to resume from: the order's state at the start of this epoch (the
+        batches consumed are counted by the caller: :mod:`harness.run.checkpoint`)."""
+        return {"generator": self.epoch_start.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state``: the next epoch repeats the saved one's permutation without
+        its first ``consumed_batches`` batches (a finished epoch: the next permutation)."""
+        self.generator.set_state(state["generator"])
+        self.skip = int(state.get("consumed_batches", 0))
+        if self.skip >= len(self):
+            torch.randperm(len(self.examples), generator=self.generator)
+            self.skip = 0
 
     def batch(self, rows: torch.Tensor) -> dict[str, Any]:
         """The batch of these rows (host indices): what ``fmt.collate`` of them returns,
@@ -124,8 +141,20 @@ class StreamBatches:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         stream = self.task.train_batches(self.task.train_length, self.batch_size, seed=self.seed,
                                          rank=self.rank, world=self.world)
+        skip, self.skip = getattr(self, "skip", 0), 0
         for windows in stream:
+            if skip:  # a resumed run: the stream is replayed to where it stopped
+                skip -= 1
+                continue
             yield self.batch(windows)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resumable position (:mod:`harness.run.checkpoint`): one endless epoch, so the
+        batches consumed (counted by the caller) are the position."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skip = int(state.get("consumed_batches", 0))
 
     def batch(self, windows: Any) -> dict[str, Any]:
         rows = torch.as_tensor(windows, dtype=torch.long)

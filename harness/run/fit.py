@@ -25,9 +25,11 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from harness import devices, tracking
 from harness.keys import Metric
+from harness.run import checkpoint
 from harness.run.build import Built
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
+from harness.run.resume import Resume, ResumedLogger
 from harness.run.system import HarnessDataModule, HarnessSystem
 
 #: Lightning warnings nobody can act on here (a DataLoader over in-memory examples needs no workers).
@@ -51,8 +53,11 @@ class Fitted:
     costs: dict[str, float] = field(default_factory=dict)
 
 
-def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[Any]) -> Fitted:
-    """Train ``built.model`` as ``p.config.train`` says, logging to the MLflow run ``run_id``."""
+def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[Any],
+        resume: Resume | None = None, meta: dict[str, Any] | None = None) -> Fitted:
+    """Train ``built.model`` as ``p.config.train`` says, logging to the MLflow run ``run_id``;
+    ``resume``: continue from that checkpoint (:mod:`harness.run.resume`). ``meta`` goes into
+    every checkpoint (:mod:`harness.run.checkpoint`)."""
     t = p.config.train
     device = devices.run_device(t.accelerator)
     dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed)
@@ -61,8 +66,13 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     system = HarnessSystem(built.model, built.task, p.fmt, t)
     wait = DataWait()
     probe = StepProbe(p.fmt, step=1 if t.max_steps > 1 else 0, compiled=t.compile)
-    logger = MLFlowLogger(experiment_name=p.config.tracking.experiment, tracking_uri=tracking_uri,
-                          run_id=run_id, log_model=False)
+    every = checkpoint.schedule(t.checkpoint_every, device.type)
+    callbacks = [*callbacks, checkpoint.Checkpointing(  # off: only SIGUSR1 saves
+        checkpoint.folder(run_id), every, keep=t.checkpoint_keep, best=t.checkpoint_best,
+        metric=t.checkpoint_metric, mode=t.checkpoint_mode, meta=meta or {}, datamodule=dm)]
+    kwargs: dict[str, Any] = {"experiment_name": p.config.tracking.experiment, "tracking_uri": tracking_uri,
+              "run_id": run_id, "log_model": False}
+    logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[dict-item]
@@ -88,11 +98,18 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     with warnings.catch_warnings():
         for pattern in QUIET:
             warnings.filterwarnings("ignore", pattern)
-        trainer.fit(system, datamodule=dm)
+        if resume is None:
+            trainer.fit(system, datamodule=dm)
+        else:  # tensors and plain data only (harness.run.checkpoint)
+            trainer.fit(system, datamodule=dm, ckpt_path=resume.path, weights_only=True)
     seconds = time.perf_counter() - started
     results = trainer.callback_metrics
     rate = float(results.get(Metric.TOKENS_PER_S, 0.0))
     costs = {k: float(results[k]) for k in FIT_COSTS if k in results}
+    saver = callbacks[-1]
+    if saver.saved:  # what checkpointing cost this process
+        costs[Metric.CHECKPOINT_S] = saver.seconds
+        costs[Metric.CHECKPOINT_MB] = checkpoint.disk_bytes(saver.root) / 2**20
     return Fitted(trainer, system, dm, int(results.get(Metric.TRAIN_STEPS, trainer.global_step)),
                   rate or None, seconds, device, costs)
 

@@ -12,6 +12,7 @@ suffixed " (pruned)") or KILLED (interrupted) — never RUNNING.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -78,12 +79,15 @@ def as_config(config: RunConfig | dict[str, Any] | str | os.PathLike[str]) -> Ru
 
 
 def train(
-    config: RunConfig | dict[str, Any] | str | os.PathLike[str],
+    config: RunConfig | dict[str, Any] | str | os.PathLike[str] | None = None,
     *,
     registry: Registry | None = None,
     parent_run_id: str | None = None,
     callbacks: list[Any] | None = None,
     extra_tags: dict[str, str] | None = None,
+    resume: str | None = None,
+    tracking_uri: str | None = None,
+    allow_failed: bool = False,
 ) -> RunResult:
     """Train one model on one task as the config says; return its metrics and MLflow run id.
 
@@ -95,15 +99,39 @@ def train(
     before anything is allocated; an exception while building, training or evaluating
     raises ``RunFailed`` naming the plugin and its frame (the run recorded FAILED, the memory
     it held released); Ctrl-C raises ``Interrupted`` saying which run was kept (KILLED).
+
+    ``resume``: continue that MLflow run from its last checkpoint (:mod:`harness.run.resume`;
+    ``config`` may be left out: the run's recorded one is used; ``tracking_uri``: the store
+    it is in; ``allow_failed``: resume a FAILED run too).
     """
     started = time.perf_counter()
+    run: Any = None
+    if resume is not None:
+        from harness.run.resume import check_resumable, find_run, recorded_config
+
+        given = as_config(config) if config is not None else None
+        tracker = tracking.Tracker(tracking_uri or (given.tracking.uri if given else None))
+        run = find_run(tracker, resume)
+        check_resumable(run, allow_failed=allow_failed)
+        if given is None:
+            data = recorded_config(tracker, resume)
+            data["tracking"] = {**data.get("tracking", {}), "uri": tracker.uri}
+            config = parse_run_config(data, f"the config of run {resume}")
+    if config is None:
+        raise ConfigError("harness.train needs a config (a path, dict or RunConfig), or resume=RUN_ID.")
     cfg = as_config(config)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
     p = with_budget_steps(p)
+    resumed = None
+    if run is not None:
+        from harness.run.resume import prepare
+
+        resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
+                          allow_failed=allow_failed)
     device = run_device(cfg.train.accelerator)
     return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
-                started)
+                started, resumed)
 
 
 def with_budget_steps(p: Plan) -> Plan:
@@ -144,21 +172,31 @@ def _build(p: Plan, device: Any) -> Any:
 
 
 def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks: list[Any],
-         extra_tags: dict[str, str], started: float) -> RunResult:
-    """Fit, evaluate and record one built run in its own MLflow run, which always ends
-    FINISHED, FAILED or KILLED."""
+         extra_tags: dict[str, str], started: float, resume: Any = None) -> RunResult:
+    """Fit, evaluate and record one built run in its own MLflow run (``resume``: in the run
+    it continues), which always ends FINISHED, FAILED or KILLED."""
     from harness.run.evaluate import evaluate
     from harness.run.fit import fit
+    from harness.run.trained import save_final
 
     cfg = p.config
     resolved = p.resolved_config()
     tracker = tracking.Tracker(cfg.tracking.uri)
     run_name = cfg.tracking.run_name or default_run_name(p)
-    run_id = tracker.start_run(
-        cfg.tracking.experiment, run_name=run_name,
-        parent_run_id=parent_run_id,
-        tags={**provenance_tags(p), **cfg.tracking.tags, **extra_tags},
-    )
+    if resume is not None:
+        from harness.run.resume import reopen
+
+        run_id = resume.run_id
+        run_name = tracker.client.get_run(run_id).info.run_name or run_name
+        if extra_tags:  # first: a study's reconcile reads them once the run is RUNNING
+            tracker.set_tags(run_id, extra_tags)
+        reopen(tracker, resume)
+    else:
+        run_id = tracker.start_run(
+            cfg.tracking.experiment, run_name=run_name,
+            parent_run_id=parent_run_id,
+            tags={**provenance_tags(p), **cfg.tracking.tags, **extra_tags},
+        )
     status = "FAILED"
     metrics: dict[str, float] = {}
     not_applicable: list[int] = []
@@ -166,17 +204,21 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
     stage = "starting"
     try:
         logged = masked(resolved)
-        tracker.log_params(run_id, logged)
-        tracker.log_dict(run_id, logged, "config.yaml")
-        tracker.log_metrics(run_id, {Metric.PARAMS: built.num_params})
+        if resume is None:  # a resumed run has them already
+            tracker.log_params(run_id, logged)
+            tracker.log_dict(run_id, logged, "config.yaml")
+            tracker.log_metrics(run_id, {Metric.PARAMS: built.num_params})
         with PeakMemory(device) as peak:
             stage = "training"
-            fitted = fit(p, built, run_id, tracker.uri, callbacks)
+            fitted = fit(p, built, run_id, tracker.uri, callbacks, resume,
+                         meta={"run_id": run_id, "config": json.dumps(logged)})
             stage = "evaluating"
             evaluated = time.perf_counter()
             evaluation = evaluate(p, built, fitted)
             eval_s = time.perf_counter() - evaluated
         stage = "recording"
+        if cfg.train.save_model:
+            save_final(run_id, built, p, logged)
         metrics = run_metrics(built, fitted, evaluation, peak.metrics(), eval_s)
         count_uncounted(p, metrics)
         record(tracker, run_id, p, built, fitted, evaluation, metrics)

@@ -75,6 +75,8 @@ def ending(exc: BaseException) -> tuple[str, dict[str, str]]:
             f"**Pruned** by the study's pruner, not failed: {why}. The pruner stopped it early "
             f"because its validation at that step was behind what the candidate's other trials "
             f"reached there; its metrics are those it logged until then.")}
+    if type(exc).__name__ == "Preempted":  # checkpointed on SIGUSR1 (harness.run.checkpoint)
+        return "KILLED", {Tag.PREEMPTED: "true", Tag.INTERRUPTED: "true"}
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "KILLED", {Tag.INTERRUPTED: "true"}
     return "FAILED", {Tag.FAILURE: f"{type(exc).__name__}: {exc}"}

@@ -25,6 +25,7 @@ from harness.errors import HarnessError
 from harness.keys import Metric, val_key
 from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
+from harness.run.order import ShuffledOrder
 
 
 class TrainingDiverged(RuntimeError):
@@ -46,6 +47,10 @@ class HarnessDataModule(L.LightningDataModule):
         self.val_lengths: list[int] = [task.train_length]
         self._collate = partial(fmt.collate, task_kind=task.task_kind)
         self.on_device = False  # whether the training split lives on the device
+        #: the training loader's order (resumable: ``state_dict``/``load_state_dict``), and the
+        #: position a resumed run restores into it (see :mod:`harness.run.checkpoint`)
+        self.train_order: Any = None
+        self.resume_order: dict[str, Any] | None = None
 
     def _device(self) -> torch.device:
         return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
@@ -56,7 +61,8 @@ class HarnessDataModule(L.LightningDataModule):
     def train_dataloader(self) -> Any:
         device = self._device()
         if self.task.streams:  # windows drawn every step: no training split is built
-            return StreamBatches(self.task, self.batch_size, self.seed, device, *self._rank_world())
+            self.train_order = StreamBatches(self.task, self.batch_size, self.seed, device, *self._rank_world())
+            return self._resumed(self.train_order)
         data = self.task.examples("train", self.task.train_length)
         try:
             tensors = collate_split(data, self.fmt, self.task.task_kind)
@@ -65,11 +71,21 @@ class HarnessDataModule(L.LightningDataModule):
         self.on_device = tensors is not None and fits_on_device(nbytes(tensors), device)
         if self.on_device:
             rank, world = self._rank_world()
-            return DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
-                                 device, rank, world, tensors=tensors)
-        gen = torch.Generator().manual_seed(self.seed)
-        return DataLoader(data, batch_size=self.batch_size, shuffle=True, generator=gen,  # type: ignore[arg-type]
-                          collate_fn=self._collate, pin_memory=device.type == "cuda")
+            loader: Any = DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
+                                        device, rank, world, tensors=tensors)
+            self.train_order = loader
+        else:
+            self.train_order = ShuffledOrder(len(data), self.batch_size, self.seed)
+            loader = DataLoader(data, batch_size=self.batch_size, sampler=self.train_order,  # type: ignore[arg-type]
+                                generator=self.train_order.generator, collate_fn=self._collate,
+                                pin_memory=device.type == "cuda")
+        return self._resumed(loader)
+
+    def _resumed(self, loader: Any) -> Any:
+        """``loader``, at the position of the checkpoint a resumed run continues from."""
+        if self.resume_order is not None and hasattr(self.train_order, "load_state_dict"):
+            self.train_order.load_state_dict(self.resume_order)
+        return loader
 
     def val_dataloader(self) -> list[DataLoader]:
         pin = self._device().type == "cuda"
@@ -146,6 +162,17 @@ class HarnessSystem(L.LightningModule):
         acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
         self.log(Metric.TRAIN_ACC, acc, on_step=True, batch_size=bs)
         return loss
+
+    def on_validation_start(self) -> None:
+        # validation draws from the global generator (each DataLoader's base seed): put its
+        # state back afterwards, so training continues the same whether or not a validation
+        # ran in between (a run resumed from a checkpoint is then bit-exact)
+        self._rng_before_validation = torch.get_rng_state()
+
+    def on_validation_end(self) -> None:
+        state = getattr(self, "_rng_before_validation", None)
+        if state is not None:
+            torch.set_rng_state(state)
 
     def on_validation_epoch_start(self) -> None:
         keys = SUMMED + (("bytes",) if self.task.token_bytes is not None else ())

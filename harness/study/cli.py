@@ -147,7 +147,10 @@ def _study_run(args: argparse.Namespace) -> int:
     if extra:
         print(f"starting {extra} more worker(s) on this machine (logs: "
               f"{log_path(handle.name, 1).parent}/{handle.name}-worker-N.log)", flush=True)
-    with extra_workers(extra, command, handle.name), StudyDisplay(metric=metric) as display:
+    from harness.run.checkpoint import stop_on_sigusr1
+
+    with extra_workers(extra, command, handle.name) as procs, StudyDisplay(metric=metric) as display, \
+            stop_on_sigusr1(forward=procs):  # SIGUSR1: checkpoint the trials, stop (exit 75)
         summary = run_worker(handle, space, display)
     ran = ", ".join(f"{n} {state.lower()}" for state, n in sorted(summary.jobs.items()))
     print(f"this worker ran {sum(summary.jobs.values())} trial(s){': ' + ran if ran else ''}")

@@ -69,8 +69,11 @@ def extra_workers(count: int, command: list[str], study: str, grace_s: float = 3
                     command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None))
         yield procs
-    except BaseException:
-        stop(procs, grace_s)
+    except BaseException as exc:
+        if type(exc).__name__ == "Preempted":  # SIGUSR1 reached them too: let them checkpoint
+            wait(procs, grace_s)
+        else:
+            stop(procs, grace_s)
         raise
     else:
         wait(procs, grace_s)

@@ -98,7 +98,10 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
                 return RDBStorage(_read_only_url(url), engine_kwargs=engine,
                                   skip_table_creation=True, skip_compatibility_check=True)
         with quiet_experimental(), schema_lock(url, "optuna"):
-            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_s else None
+            # a retried trial keeps its reports (pruning decisions stay) and resumes from its
+            # checkpoint when it has one (harness.study.worker)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True) \
+                if heartbeat_s else None
             return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
                               grace_period=grace_s, heartbeat_stale_trial_callback=retry)
     except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver

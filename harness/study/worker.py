@@ -173,8 +173,11 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                 trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
                 prune=job.phase == Phase.TUNE and not cfg.multi_objective,
                 max_steps=int(run["train"].get("max_steps") or 10**9))
+            resume = resumable_run(handle, job.trial)
+            if resume is not None:
+                log(f"{label} resuming run {resume} from its last checkpoint")
             result = train(run, registry=space.registry, parent_run_id=handle.parent_run_id,
-                           callbacks=[callback], extra_tags=tags)
+                           callbacks=[callback], extra_tags=tags, resume=resume)
             trial.set_user_attr(Attr.RUN, result.run_id)
             values = objective_values(cfg, space, result)
             if result.run_id:
@@ -186,11 +189,18 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             log(f"{label} {exc}")
             return "PRUNED"
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit) as exc:
             # Lightning turns Ctrl-C into SystemExit(1) and SIGTERM into SIGTERMException
             # (a SystemExit) after its own shutdown: the trial is interrupted, not failed.
-            _fail(handle, study, trial, key, tags, "interrupted (Ctrl-C or SIGTERM)")
+            # SIGUSR1 checkpoints first (Preempted): the retry resumes it, however often.
+            preempted = type(exc).__name__ == "Preempted"
+            _fail(handle, study, trial, key, tags,
+                  "preempted (SIGUSR1; checkpointed)" if preempted else "interrupted (Ctrl-C or SIGTERM)")
             retry = handle.storage.get_heartbeat_stale_trial_callback()
+            if preempted:
+                from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+                retry = RetryHeartbeatStaleTrialCallback(max_retry=None, inherit_intermediate_values=True)
             if retry is not None:  # re-enqueue it like a trial whose worker died
                 retry(study, handle.storage.get_trial(trial_id))
             raise
@@ -200,6 +210,23 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             _fail(handle, study, trial, key, tags, reason)
             log(f"{label} FAILED: {reason}")
             return "FAIL"
+
+
+def resumable_run(handle: StudyHandle, trial: Any) -> str | None:
+    """The MLflow run a retried trial continues: the run of the trial it retries (inherited in
+    its user attributes), when that run stopped (KILLED, or RUNNING when its worker died) and
+    left a checkpoint; else None (it starts afresh)."""
+    from harness.run import checkpoint
+
+    run_id = trial.user_attrs.get(Attr.RUN)
+    if trial.system_attrs.get("failed_trial") is None or not run_id:
+        return None
+    try:
+        if handle.tracker.client.get_run(str(run_id)).info.status not in ("KILLED", "RUNNING"):
+            return None
+        return str(run_id) if checkpoint.latest(checkpoint.folder(str(run_id))) is not None else None
+    except Exception:  # no such run or folder: start afresh
+        return None
 
 
 def child_note(handle: StudyHandle, space: StudySpace, tags: dict[str, str], value: float) -> str:
@@ -289,6 +316,10 @@ def run_worker(handle: StudyHandle, space: StudySpace, display: StudyDisplay | N
             if cfg.budget.time_total_s and time.monotonic() - started > cfg.budget.time_total_s:
                 log(f"budget.time_total_s ({cfg.budget.time_total_s:g} s) reached; stopping this worker")
                 return summary
+            from harness.run.checkpoint import Preempted, stop_requested
+
+            if stop_requested():  # SIGUSR1 between trials: claim nothing more
+                raise Preempted(0)
             job = claim_next(handle, space, prog)
             if job is None:
                 time.sleep(cfg.resume.poll_s)  # other workers hold the remaining slots

@@ -1,0 +1,283 @@
+"""Using what a run trained: its final weights kept, loaded, sampled and exported.
+
+**Kept.** A run with ``train.save_model`` (the default) writes its final weights when it
+finishes, next to its checkpoints: ``<store>/checkpoints/<run_id>/model.safetensors`` and
+``model.json`` (the resolved config, what the model learned about its task: batch format,
+vocabulary size, longest input, classes; and the vocabulary's symbols). An exported folder
+(``harness export RUN_ID --out DIR``) holds the same two files, so ``harness.load_model(DIR)``
+works without the store. A run without final weights (stopped before its end) loads from
+its newest checkpoint instead.
+
+**Loaded.** :func:`load` plans the recorded config against the installed plugins, builds
+the model and loads the weights (safetensors: no pickle; a checkpoint: ``torch.load(...,
+weights_only=True)``).
+
+**Sampled.** :func:`generate` continues a prompt through the model's own decoding path: a
+model with ``new_cache()`` reads the prompt once and then one token per step through its
+cache (the KV cache of attention, the state of a recurrent mixer: what ``harness bench
+decode`` times); a model without one recomputes the prefix per token. ``temperature=0`` is
+greedy; otherwise the next token is drawn from ``softmax(logits / temperature)`` restricted
+to the ``top_k`` most likely tokens and then to the smallest set whose probability reaches
+``top_p``, with a generator seeded by ``seed``. Generation stops at EOS or after
+``max_new_tokens``. An encoder-decoder (``seq2seq`` format) run decodes greedily through
+its ``greedy_decode``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.data.tasks import BOS, EOS, SEP, TaskInfo, Vocab
+from harness.errors import ConfigError, HarnessError
+from harness.run import checkpoint
+
+WEIGHTS = "model.safetensors"
+META = "model.json"
+
+
+@dataclass
+class Trained:
+    """A trained model ready to use: the module (in eval mode), its resolved config, what it
+    learned about its task and the task's vocabulary."""
+
+    model: Any
+    config: dict[str, Any]
+    info: TaskInfo
+    vocab: Vocab
+    task_kind: str
+    source: str  # where the weights came from
+
+
+def _meta(p: Any, built: Any, logged: dict[str, Any]) -> dict[str, Any]:
+    info = built.info
+    return {"config": logged, "task_kind": built.task.task_kind,
+            "info": {"format": info.format, "vocab_size": info.vocab_size,
+                     "max_length": info.max_length, "num_classes": info.num_classes},
+            "symbols": list(built.task.vocab.symbols)}
+
+
+def write_weights(folder: Path, model: Any, meta: dict[str, Any]) -> None:
+    """``model.safetensors`` (shared tensors stored once) and ``model.json`` in ``folder``."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{WEIGHTS}.tmp"
+    save_model(_plain(model), str(tmp))
+    tmp.replace(folder / WEIGHTS)
+    (folder / f".{META}.tmp").write_text(json.dumps(meta, indent=1, default=str))
+    (folder / f".{META}.tmp").replace(folder / META)
+
+
+def _plain(model: Any) -> Any:
+    """The module itself, not a ``torch.compile`` wrapper (the state dict is the same)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def save_final(run_id: str, built: Any, p: Any, logged: dict[str, Any]) -> None:
+    write_weights(checkpoint.folder(run_id), built.model, _meta(p, built, logged))
+
+
+# -- loading ----------------------------------------------------------------------------------
+def _build(meta: dict[str, Any]) -> tuple[Any, TaskInfo]:
+    from harness.config import parse_run_config
+    from harness.run.build import build_model_from
+    from harness.run.pipeline import load_registry
+    from harness.run.plan import plan
+
+    data = dict(meta["config"])
+    data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
+    cfg = parse_run_config(data, "the trained model's config")
+    p = plan(cfg, load_registry(cfg, None))
+    info = TaskInfo(**meta["info"])
+    return build_model_from(p.parts, info), info
+
+
+def _from_folder(folder: Path, source: str) -> Trained:
+    from safetensors.torch import load_model
+
+    meta = json.loads((folder / META).read_text())
+    model, info = _build(meta)
+    load_model(model, str(folder / WEIGHTS))
+    model.eval()
+    return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source)
+
+
+def _from_checkpoint(path: Path, run_id: str) -> Trained:
+    """The model of a run without final weights, from its newest checkpoint (its config in the
+    checkpoint; the task built again for its vocabulary and sizes)."""
+    from harness.config import parse_run_config
+    from harness.run.build import build_task, task_info
+    from harness.run.pipeline import load_registry
+    from harness.run.plan import plan
+
+    state = checkpoint.read(path)
+    config = json.loads(state["harness"]["config"])
+    data = dict(config)
+    data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
+    cfg = parse_run_config(data, f"the config in checkpoint {path}")
+    p = plan(cfg, load_registry(cfg, None))
+    task = build_task(p, seed=cfg.train.data_seed)
+    info = task_info(p, task)
+    meta = {"config": config, "task_kind": task.task_kind, "symbols": list(task.vocab.symbols),
+            "info": {"format": info.format, "vocab_size": info.vocab_size,
+                     "max_length": info.max_length, "num_classes": info.num_classes}}
+    model, info = _build(meta)
+    weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(weights)
+    model.eval()
+    return Trained(model, config, info, task.vocab, task.task_kind, str(path))
+
+
+def load(ref: str | Path) -> Trained:
+    """A trained model from an exported folder or a run id (its final weights, else its newest
+    checkpoint)."""
+    path = Path(ref)
+    if path.is_dir():
+        if not (path / WEIGHTS).is_file() or not (path / META).is_file():
+            raise HarnessError(f"{path} holds no exported model ({WEIGHTS} and {META}); export one "
+                               f"with `harness export RUN_ID --out DIR`.")
+        return _from_folder(path, str(path))
+    run_id = str(ref)
+    root = checkpoint.folder(run_id)
+    if (root / WEIGHTS).is_file() and (root / META).is_file():
+        return _from_folder(root, f"run {run_id}")
+    latest = checkpoint.latest(root)
+    if latest is not None:
+        return _from_checkpoint(latest, run_id)
+    raise HarnessError(
+        f"no trained weights for {run_id!r}: it is not a folder, and the store "
+        f"({root.parent}) has no weights or checkpoint of a run with that id (runs keep their "
+        f"final weights unless train.save_model is false; pass an exported folder or a run id)."
+    )
+
+
+def export(run_id: str, out: str | Path) -> Path:
+    """Copy a run's weights and config into a new folder ``out`` (refused if it exists)."""
+    target = Path(out)
+    if target.exists():
+        raise HarnessError(f"--out {target} already exists; export writes a new folder and "
+                           f"never overwrites one. Pick another path or remove it first.")
+    trained = load(run_id)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    meta = {"config": trained.config, "task_kind": trained.task_kind,
+            "info": {"format": trained.info.format, "vocab_size": trained.info.vocab_size,
+                     "max_length": trained.info.max_length, "num_classes": trained.info.num_classes},
+            "symbols": list(trained.vocab.symbols), "run_id": run_id}
+    write_weights(tmp, trained.model, meta)
+    tmp.rename(target)
+    return target
+
+
+# -- generating -------------------------------------------------------------------------------
+def encode(vocab: Vocab, text: str) -> list[int]:
+    """A prompt in the vocabulary's symbols: whitespace-separated symbols, or characters when
+    every symbol is one character (a character-level vocabulary)."""
+    custom = getattr(vocab, "encode", None)
+    if callable(custom):
+        return list(custom(text))
+    ids = {s: vocab.first_symbol + i for i, s in enumerate(vocab.symbols)}
+    chars = all(len(s) == 1 for s in vocab.symbols)
+    pieces = list(text) if chars and " " in ids else (text.split() if not chars else list(text.replace(" ", "")))
+    unknown = [s for s in pieces if s not in ids]
+    if unknown:
+        shown = ", ".join(repr(s) for s in list(vocab.symbols)[:12])
+        raise ConfigError(
+            f"--prompt: {unknown[0]!r} is not in the run's vocabulary ({len(vocab.symbols)} symbols: "
+            f"{shown}{' ...' if len(vocab.symbols) > 12 else ''}); write the prompt in those symbols"
+            f"{', separated by spaces' if not chars else ''}."
+        )
+    if not pieces:
+        raise ConfigError("--prompt is empty; give at least one symbol of the run's vocabulary.")
+    return [ids[s] for s in pieces]
+
+
+def decode(vocab: Vocab, ids: list[int]) -> str:
+    chars = all(len(s) == 1 for s in vocab.symbols)
+    return vocab.decode([i for i in ids if i >= vocab.first_symbol], sep="" if chars else " ")
+
+
+def next_token(logits: Any, temperature: float, top_k: int | None, top_p: float | None,
+               generator: Any) -> int:
+    """The next token from one row of logits (see the module for the rule)."""
+    import torch
+
+    if temperature == 0:
+        return int(logits.argmax())
+    scaled = logits.double() / temperature
+    if top_k is not None and top_k < scaled.numel():
+        kth = scaled.topk(top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = scaled.softmax(-1)
+    if top_p is not None and top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass of the more likely tokens
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[order[before < top_p]] = True
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs.float(), 1, generator=generator))
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if not temperature >= 0:
+        raise ConfigError(f"--temperature must be >= 0 (0: greedy), got {temperature}.")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"--top-k must be at least 1, got {top_k}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}.")
+
+
+def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             use_cache: bool = True) -> list[int]:
+    """New token ids after ``prompt`` (ids, without the separator a seq2seq task adds)."""
+    import torch
+
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    fmt, model = trained.info.format, trained.model
+    if fmt not in ("lm", "seq2seq"):
+        raise HarnessError(
+            f"generate needs a language-model or encoder-decoder run; this one trained a "
+            f"{trained.task_kind} task in the {fmt} format (it predicts labels, not tokens). "
+            f"Evaluate it with its study or `harness train` instead."
+        )
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if fmt == "seq2seq":
+            if temperature != 0:
+                raise ConfigError("--temperature: an encoder-decoder run decodes greedily (its "
+                                  "greedy_decode); use --temperature 0.")
+            src = torch.tensor([prompt], device=device)
+            return _until_eos(model.greedy_decode(src, src == 0, max_new_tokens)[0].tolist())
+        context = list(prompt) + ([SEP] if trained.task_kind == "seq2seq" else [])
+        if trained.task_kind == "lm" and not context:
+            context = [BOS]
+        tokens = torch.tensor([context], device=device)
+        out: list[int] = []
+        cached = use_cache and hasattr(model, "new_cache")
+        cache = model.new_cache() if cached else None
+        logits = model(tokens, cache=cache) if cached else model(tokens)
+        for _ in range(max_new_tokens):
+            nxt = next_token(logits[0, -1], temperature, top_k, top_p, generator)
+            out.append(nxt)
+            if nxt == EOS:
+                break
+            step = torch.tensor([[nxt]], device=device)
+            if cached:
+                logits = model(step, cache=cache)
+            else:
+                tokens = torch.cat([tokens, step], dim=1)
+                logits = model(tokens)
+        return _until_eos(out)
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS)] if EOS in ids else ids

@@ -1,0 +1,58 @@
+"""``harness generate`` and ``harness export``: use what a run trained
+(:mod:`harness.run.trained`). Imports torch only when a command runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from harness.run import trained as t
+
+    t.check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    model = _load(t, args.run)
+    prompt = t.encode(model.vocab, args.prompt)
+    out = t.generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                     top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    print(t.decode(model.vocab, out))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from harness.run import trained as t
+
+    target = t.export(args.run, args.out)
+    print(f"exported {args.run} to {target} ({t.WEIGHTS}, {t.META}); load it with "
+          f"harness.load_model({str(target)!r})")
+    return 0
+
+
+def _load(t: Any, ref: str) -> Any:
+    return t.load(ref)
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a trained language-model run",
+                       description="Generate from a trained run (a run id in the store, or a folder "
+                                   "written by `harness export`) through the model's own decoding "
+                                   "path (KV cache or recurrent state). The prompt is written in the "
+                                   "run's vocabulary: symbols separated by spaces, or characters for a "
+                                   "character-level task. --temperature 0 (the default) is greedy.")
+    p.add_argument("run", metavar="RUN_ID_OR_DIR")
+    p.add_argument("--prompt", required=True, metavar="TEXT")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("export", help="write a run's weights (safetensors) and resolved config to a folder",
+                       description="Write a run's final weights (model.safetensors) and its resolved "
+                                   "config (model.json) into a new folder, so that "
+                                   "harness.load_model(DIR) works without the store. The folder must "
+                                   "not exist.")
+    p.add_argument("run", metavar="RUN_ID")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.set_defaults(handler=cmd_export)
