@@ -113,7 +113,8 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
             Strong(mean) if r.best_group and verdict.resolved else mean,
             ", ".join(fmt(values.get(s, math.nan)) for s in seeds), params,
             count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")),
-            f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
+            f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}"
+            + (" (not tuned)" if protocol.untuned else ""),
         ])
         if state:
             rows[-1].insert(-1, count(r.cost.get("state_size")))
@@ -170,6 +171,10 @@ def first_line(verdict: Verdict, protocol: Protocol) -> str | None:
     """What a reader must know before any number: too few seeds to resolve anything, or a
     study that is not complete."""
     parts = []
+    if protocol.untuned:
+        parts.append("Shared recipe, not tuned: each candidate ran one configuration (one "
+                     "tuning trial), so the ranking is that of the recipe, not of tuned "
+                     "candidates.")
     if not verdict.floor.possible and len(verdict.order) - len(verdict.unranked) > 1:
         sentence = verdict.floor.sentence()
         parts.append("Too few seeds: " + sentence[0].upper() + sentence[1:])
