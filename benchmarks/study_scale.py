@@ -83,7 +83,8 @@ def study_file(n: int, folder: Path) -> Path:
 
 # -- a trial's run, recorded without training -----------------------------------------------
 def recorded_train(config: Any, *, registry: Any = None, parent_run_id: str | None = None,
-                   callbacks: Any = None, extra_tags: dict[str, str] | None = None) -> Any:
+                   callbacks: Any = None, extra_tags: dict[str, str] | None = None,
+                   resume: Any = None) -> Any:
     """What ``harness.run.pipeline.train`` records for a finished run, without training."""
     from harness import tracking
     from harness.keys import Metric, val_key

@@ -150,6 +150,19 @@ class TrainConfig(Strict):
                     "gold previous target token (seq2seq and lm formats; see harness.run.system)",
     )
     max_time_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="wall-clock cap for fitting")
+    # Compute budgets (harness.run.flops): the steps follow from them (max_steps is replaced).
+    max_flops: float | None = Field(
+        None, gt=0, le=1e30, exclude_if=lambda v: v is None,
+        description="training FLOPs of the run: max_steps = this / (FLOPs per token counted on one "
+                    "step x tokens per step), rounded")
+    max_tokens: int | None = Field(
+        None, ge=1, le=10**16, exclude_if=lambda v: v is None,
+        description="training tokens of the run (input tokens, padding included): max_steps = this "
+                    "/ tokens per step, rounded")
+    flops_count: Literal["matmul", "all"] = Field(
+        "matmul", exclude_if=lambda v: v == "matmul",
+        description="what max_flops counts: matrix products (FlopCounterMode), or also the "
+                    "element-wise and FFT work it misses (docs/scaling.md: 59-75% more for h3)")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = "auto"
     devices: (Annotated[int, Field(ge=-1, le=4096)]
               | Annotated[str, Field(pattern=r"^(auto|-1|\d+|\d+(,\d+)*,?)$")]
@@ -180,6 +193,14 @@ class TrainConfig(Strict):
     save_model: bool = Field(True, description="keep the final weights (harness.load_model, "
                              "harness generate, harness export)")
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> TrainConfig:
+        """max_flops and max_tokens exclude each other; either replaces max_steps with the
+        steps it buys (a run's logged config holds both, and re-runs as it ran)."""
+        if self.max_flops is not None and self.max_tokens is not None:
+            raise ValueError("max_flops and max_tokens both set the number of steps: keep one")
+        return self
 
     @model_validator(mode="after")
     def _weight_decay_per_optimizer(self) -> TrainConfig:

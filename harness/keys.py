@@ -94,6 +94,12 @@ class Metric:
     EVAL_S = "cost/eval_s"  # wall time of the final evaluation
     TOTAL_S = "cost/total_s"  # wall time of the whole run, planning to recording
     THREADS = "cost/cpu_threads"  # torch CPU threads the run used
+    # compute budgets (harness.run.flops): what a run trained, and what it was given
+    TRAIN_TOKENS = "cost/train_tokens"  # input tokens of every training step, padding included
+    TRAIN_FLOPS = "cost/train_flops"  # realised: flops_per_token x train_tokens
+    BUDGET_FLOPS = "cost/budget_flops"  # train.max_flops, when the run had one
+    BUDGET_TOKENS = "cost/budget_tokens"  # train.max_tokens, when the run had one
+    UNCOUNTED_FLOPS_PER_TOKEN = "cost/uncounted_flops_per_token"  # train.flops_count: all
     CHECKPOINT_MB = "cost/checkpoint_disk_mb"  # the run's checkpoint folder after a save
     CHECKPOINT_S = "cost/checkpoint_s"  # wall time spent saving checkpoints (this process)
 

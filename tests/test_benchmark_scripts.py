@@ -29,6 +29,22 @@ def test_study_scale_runs_at_its_smallest_size(tmp_path):
     assert float(cells[1]) > 0 and float(cells[7]) > 0 and float(cells[8]) > 0  # wall, status, report
 
 
+def test_scaling_coverage_runs_at_its_smallest_size(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling_coverage.py"), "--reps", "1",
+                           "--boot", "20", "--seeds", "2", "--noise", "0.01"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| 2 | 0.01 |" in done.stdout
+
+
+def test_uncounted_flops_runs_at_its_smallest_size(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "uncounted_flops.py"), "--d-model", "16",
+                           "--layers", "1", "--lengths", "16"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| attention (multi_head) |" in done.stdout and "| mamba |" in done.stdout
+
+
 @pytest.mark.slow
 def test_checkpoint_cpu_runs_at_its_quick_size(tmp_path):
     out = tmp_path / "checkpoint.md"

@@ -63,6 +63,22 @@ def test_a_difference_of_exactly_zero_reads_no_difference_observed():
     assert "more than 10,000" not in row
 
 
+def test_a_difference_that_is_float32_rounding_reads_no_difference_observed():
+    """Seeds logged as float32 (0.525, 0.475, 0.5 against 0.5 on each seed) average to about
+    -1e-8, not 0 (seen in lra_pathfinder's report): rounding, not a difference."""
+    f32 = [float(np.float32(v)) for v in (0.525, 0.475, 0.5)]
+    even = {1: 0.5, 2: 0.5, 3: 0.5}
+    results = [candidate("flat", even), candidate("wobbly", dict(zip((1, 2, 3), f32, strict=True)))]
+    proto = protocol(3, baseline="flat")
+    verdict = analyze(results, proto)
+    wobbly = next(r for r in results if r.name == "wobbly")
+    assert wobbly.vs_best is not None
+    assert 0 < abs(wobbly.vs_best.paired.mean_difference) < 1e-7  # not exactly zero
+    md = render_markdown(document(results, verdict, proto))
+    assert "wobbly: none: no difference observed" in md
+    assert "more than 10,000" not in md
+
+
 # -- 5: the verdict first, in one paragraph ----------------------------------------------------------
 def test_the_verdict_paragraph_says_which_by_how_much_and_how_sure():
     results = tied()

@@ -86,6 +86,10 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
 
     data = yaml.safe_load(path.read_text())
     data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"] or {}, TINY_RUN)
+    if "scaling" in data:  # a scaling study's cells carry the compute: the smallest that fit a step
+        data["profiles"]["cpu"]["budget"] = {"trials": 1}
+        data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"],
+                                                 {"scaling": {"budgets": [1e9, 3e9, 1e10]}})
     study = tmp_path / path.name
     study.write_text(yaml.safe_dump(data))
     out = tmp_path / "report"
@@ -93,7 +97,7 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
                  "--format", "json"]) == 0
     assert "FAILED" not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    cfg = load_study_config(path, profile="cpu")
+    cfg = load_study_config(study, profile="cpu")  # what ran (a scaling study's cells are named by budget)
     assert sorted(c["name"] for c in summary["candidates"]) == sorted(c.name for c in cfg.candidates)
     assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
 

@@ -49,11 +49,11 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "- Study: \`studies/$study.yaml\`, profile \`cpu\`, $workers worker(s) from one command (\`--workers $workers\`)"
   echo "- Command: \`benchmarks/studies/run.sh $study $workers\`, i.e. \`${cmd[*]//$scratch\/report/benchmarks/studies/$study}\`"
   echo "  (with \`OMP_WAIT_POLICY=PASSIVE\`, a fresh project store in a scratch \`HARNESS_HOME\`)"
-  echo "- Machine: $cpu, $(nproc) cores visible, $mem, no GPU; Linux $(uname -r)"
+  echo "- Machine: $cpu, $(nproc --all) cores visible, $mem, no GPU; Linux $(uname -r)"
   echo "- Versions: $versions; harness at commit $commit"
   echo "- Started $start, ended $end"
   echo "- **Wall time $(awk -v s=$((t1 - t0)) 'BEGIN {printf "%.1f min", s/60}')** ($((t1 - t0)) s); CPU time of the command and its workers $(awk -v u="$user" -v s="$sys" 'BEGIN {printf "%.1f min (user %.0f s + sys %.0f s)", (u+s)/60, u, s}') (\`/usr/bin/time -v\`)"
-  echo "- Load: 1-minute load average sampled every 30 s during the run: $loads on $(nproc) cores"
+  echo "- Load: 1-minute load average sampled every 30 s during the run: $loads on $(nproc --all) cores"
   echo "  (uptime at start: \`$start_uptime\`; at end: \`$end_uptime\`)"
   echo
   echo "Output of the command (the first worker's lines; the other worker's log follows):"

@@ -30,6 +30,8 @@ Modules (this package re-exports nothing)::
     write      assembling the report folder and logging it to the parent run
     notebook   study_runs and study_summary (harness.study_runs, harness.study_summary)
     summary    the parent MLflow run as the study's summary (metrics per candidate, the note)
+    scaling    realised compute per run; a scaling study's fits, crossovers, figures, exports
+    scaling_fit  the scaling-law numerics (Huber fits, iso-FLOP parabolas, bootstrap)
 
 Import rules: the report reads the stores through :mod:`harness.study.storage` and
 :mod:`harness.study.progress`; it never imports the worker. ``verdict``, ``document``,

@@ -98,6 +98,7 @@ class Protocol:
     task: str = ""  # the task, as the protocol paragraph names it
     tuning: str = ""  # how every candidate was tuned, in words
     description: str = ""
+    untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
 
     @property
     def alpha(self) -> float:
@@ -122,9 +123,24 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         seeds=tuple(cfg.confirm_seeds()), param_target=cfg.budget.params,
         front_cost=front_cost(handle), vary_data=cfg.confirm.vary_data, complete=complete,
         task=f"{cfg.task.name} {cfg.task.params}",
-        tuning=(f"every candidate tuned with {b.trials} trials of {b.steps} steps "
+        tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {cfg.pruner.name} pruner{match})"),
-        description=cfg.description.strip())
+        description=cfg.description.strip(), untuned=b.trials < 2)
+
+
+def run_length(cfg: Any) -> str:
+    """What fixes each run's length, in words (``400 steps``, ``1e+13 training FLOPs``)."""
+    b = cfg.budget
+    if cfg.scaling is not None:
+        return (f"the training {cfg.scaling.unit} of their scaling cell "
+                f"({', '.join(f'{x:.3g}' for x in cfg.scaling.budgets)})")
+    if b.currency == "flops":
+        return f"{b.flops:.3g} training FLOPs each (steps from each candidate's FLOPs per token)"
+    if b.currency == "tokens":
+        return f"{b.tokens:,} training tokens each"
+    if b.currency == "seconds":
+        return f"{b.seconds:g} s of wall clock each (machine-dependent; at most {b.steps} steps)"
+    return f"{b.steps} steps"
 
 
 def cost_value(metrics: dict[str, float], cost: str) -> float:

@@ -65,9 +65,17 @@ def seeds_text(n: float, difference: float = math.nan) -> str:
     return "more than 10,000" if math.isinf(n) else f"about {n:,.0f}"
 
 
+#: A relative mean difference below this is rounding, not a difference: metrics are logged as
+#: float32 (about 7 significant digits), so seeds at 0.525, 0.475 and 0.5 against 0.5 each
+#: average to about -1e-8, not 0.
+ROUNDING = 1e-6
+
+
 def seeds_for(cmp: Comparison) -> str:
-    """:func:`seeds_text` of a comparison."""
-    return seeds_text(cmp.seeds_needed, cmp.paired.mean_difference)
+    """:func:`seeds_text` of a comparison (a difference within :data:`ROUNDING` counts as 0)."""
+    paired = cmp.paired
+    rounding = math.isfinite(paired.relative_difference) and abs(paired.relative_difference) < ROUNDING
+    return seeds_text(cmp.seeds_needed, 0.0 if rounding else paired.mean_difference)
 
 
 def methods(results: list[CandidateResult], protocol: Protocol) -> str:
@@ -105,7 +113,8 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
             Strong(mean) if r.best_group and verdict.resolved else mean,
             ", ".join(fmt(values.get(s, math.nan)) for s in seeds), params,
             count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")),
-            f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}",
+            f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}"
+            + (" (not tuned)" if protocol.untuned else ""),
         ])
         if state:
             rows[-1].insert(-1, count(r.cost.get("state_size")))
@@ -162,6 +171,10 @@ def first_line(verdict: Verdict, protocol: Protocol) -> str | None:
     """What a reader must know before any number: too few seeds to resolve anything, or a
     study that is not complete."""
     parts = []
+    if protocol.untuned:
+        parts.append("Shared recipe, not tuned: each candidate ran one configuration (one "
+                     "tuning trial), so the ranking is that of the recipe, not of tuned "
+                     "candidates.")
     if not verdict.floor.possible and len(verdict.order) - len(verdict.unranked) > 1:
         sentence = verdict.floor.sentence()
         parts.append("Too few seeds: " + sentence[0].upper() + sentence[1:])

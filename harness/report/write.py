@@ -57,8 +57,12 @@ def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_pare
     out_dir = Path(out) if out else tracking.home() / "reports" / handle.name
     out_dir.mkdir(parents=True, exist_ok=True)
     results, verdict, proto = analysed(handle)
+    from harness.report import scaling
+
+    analysis = scaling.analyse(handle.config, results, confidence=proto.confidence)
     if "md" in formats or "html" in formats:
         blocks = _full_document(handle, results, verdict, proto, out_dir)
+        blocks = _with_compute(blocks, handle, results, analysis, out_dir)
         if "md" in formats:
             (out_dir / "results.md").write_text(render_markdown(blocks))
         if "html" in formats:
@@ -71,9 +75,38 @@ def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_pare
     if "json" in formats:
         data = summary(results, verdict, proto, parent_run_id=handle.parent_run_id)
         (out_dir / "summary.json").write_text(json.dumps(data, indent=2))
+    if analysis is not None:
+        _write_scaling(analysis, formats, out_dir)
     if log_to_parent:
         handle.tracker.client.log_artifacts(handle.parent_run_id, str(out_dir), "report")
     return out_dir
+
+
+def _with_compute(blocks: list[Block], handle: StudyHandle, results: list[CandidateResult],
+                  analysis: Any, out_dir: Path) -> list[Block]:
+    """The report with its compute sections (realised compute, a scaling study's fits and
+    figures: :mod:`.scaling`) before the ranking."""
+    from harness.report import scaling
+
+    section = scaling.compute_blocks(scaling.compute_rows(results), handle.config)
+    if analysis is not None:
+        colors = palette(list(analysis.runs) or list(analysis.fits))
+        section = scaling.blocks(analysis, scaling.figures(analysis, colors, out_dir)) + section
+    at = next((i for i, b in enumerate(blocks) if b == ("h2", "Ranking")), len(blocks))
+    return blocks[:at] + section + blocks[at:]
+
+
+def _write_scaling(analysis: Any, formats: Sequence[str], out_dir: Path) -> None:
+    """A scaling study's exports: scaling.csv and scaling_runs.csv, scaling.tex, scaling.json."""
+    from harness.report import scaling
+
+    if "csv" in formats:
+        (out_dir / "scaling.csv").write_text(scaling.fits_csv(analysis))
+        (out_dir / "scaling_runs.csv").write_text(scaling.runs_csv(analysis))
+    if "latex" in formats:
+        (out_dir / "scaling.tex").write_text(scaling.latex_table(analysis))
+    if "json" in formats:
+        (out_dir / "scaling.json").write_text(json.dumps(scaling.summary(analysis), indent=2))
 
 
 def written_files(out_dir: Path, formats: Sequence[str]) -> list[Path]:

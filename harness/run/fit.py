@@ -115,4 +115,4 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
 
 
 #: What fitting measures besides throughput (see :mod:`harness.run.meters`).
-FIT_COSTS = (Metric.FLOPS_PER_TOKEN, Metric.PEAK_TENSOR_MB, Metric.DATA_WAIT_SHARE)
+FIT_COSTS = (Metric.FLOPS_PER_TOKEN, Metric.PEAK_TENSOR_MB, Metric.DATA_WAIT_SHARE, Metric.TRAIN_TOKENS)

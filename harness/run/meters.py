@@ -9,7 +9,7 @@
   plus the steps' time.
 * :class:`StepProbe`: one training step (the second, so the optimiser state exists, or the
   only one) run under ``FlopCounterMode`` (FLOPs of forward, loss and backward, per input
-  token) and, on the CPU, under :class:`harness.memory.TensorMemory` (the step's peak tensor
+  token; the fused CPU attention kernels counted too: :func:`harness.run.flops.flop_counter`) and, on the CPU, under :class:`harness.memory.TensorMemory` (the step's peak tensor
   memory). A compiled model runs that step eagerly (``torch.compiler.set_stance``), which
   the counters need; its FLOPs are the same and its peak memory an upper bound of the
   compiled step's. On a GPU the allocator's high-water mark is then restarted, so that
@@ -78,6 +78,7 @@ class Throughput(L.Callback):
     def __init__(self, fmt: Any, wait: DataWait, skip: int = 3) -> None:
         self.fmt, self.wait, self.skip = fmt, wait, skip
         self.tokens, self.seconds, self._t0 = 0, 0.0, 0.0
+        self.all_tokens = 0  # every step's, for the realised compute
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
         devices.synchronize(module.device)
@@ -85,6 +86,7 @@ class Throughput(L.Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int) -> None:
         devices.synchronize(module.device)
+        self.all_tokens += self.fmt.tokens(batch)
         if trainer.global_step > self.skip:
             self.seconds += time.perf_counter() - self._t0
             self.tokens += self.fmt.tokens(batch)
@@ -98,6 +100,7 @@ class Throughput(L.Callback):
             _put(trainer, Metric.DATA_WAIT_SHARE, self.wait.seconds / (self.wait.seconds + self.seconds),
                  module, "mean")
         _put(trainer, Metric.TRAIN_STEPS, trainer.global_step, module)
+        _put(trainer, Metric.TRAIN_TOKENS, self.all_tokens, module, "sum")
 
 
 class StepProbe(L.Callback):
@@ -112,12 +115,12 @@ class StepProbe(L.Callback):
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
         if trainer.global_step != self.step or self._stack is not None:
             return
-        from torch.utils.flop_counter import FlopCounterMode
+        from harness.run.flops import flop_counter
 
         stack = self._stack = contextlib.ExitStack()
         if self.compiled:
             stack.enter_context(torch.compiler.set_stance("force_eager"))
-        self._flops = stack.enter_context(FlopCounterMode(display=False))
+        self._flops = stack.enter_context(flop_counter())
         if module.device.type == "cpu":
             memory = self._memory = TensorMemory("cpu")
             memory.add(step_state(module, trainer.optimizers, batch))

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ def train(
         tracking.preflight(cfg.tracking.uri)
     p = plan(cfg, load_registry(cfg, registry))
     check_trainer_settings(cfg)
+    p = with_budget_steps(p)
     warned = meaningless(p)
     for text in warned if parent_run_id is None else ():  # a study says them once, at creation
         print(f"warning: {text}", file=sys.stderr, flush=True)
@@ -140,6 +141,31 @@ def train(
     device = run_device(cfg.train.accelerator)
     return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
                 started, resumed)
+
+
+def with_budget_steps(p: Plan) -> Plan:
+    """The plan with ``train.max_steps`` set from a compute budget (``train.max_flops`` or
+    ``max_tokens``; :mod:`harness.run.flops`), before anything is recorded."""
+    from harness.run.flops import probe, resolve_steps
+
+    t = p.config.train
+    if t.max_flops is None and t.max_tokens is None:
+        return p
+    cost = probe(p, measure_uncounted=t.flops_count == "all")
+    steps = resolve_steps(p, cost)
+    train = t.model_copy(update={"max_steps": steps})
+    return replace(p, config=p.config.model_copy(update={"train": train}), step_cost=cost)
+
+
+def count_uncounted(p: Plan, metrics: dict[str, float]) -> None:
+    """With ``train.flops_count: all``, the realised compute also counts the element-wise and
+    FFT work the counter misses (per token, as the run's probe measured it)."""
+    cost = p.step_cost
+    if p.config.train.flops_count != "all" or cost is None or Metric.TRAIN_TOKENS not in metrics:
+        return
+    metrics[Metric.UNCOUNTED_FLOPS_PER_TOKEN] = cost.uncounted_per_token
+    if Metric.TRAIN_FLOPS in metrics:
+        metrics[Metric.TRAIN_FLOPS] += cost.uncounted_per_token * metrics[Metric.TRAIN_TOKENS]
 
 
 def _build(p: Plan, device: Any) -> Any:
@@ -206,6 +232,7 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         if cfg.train.save_model:
             save_final(run_id, built, p, logged)
         metrics = run_metrics(built, fitted, evaluation, peak.metrics(), eval_s)
+        count_uncounted(p, metrics)
         record(tracker, run_id, p, built, fitted, evaluation, metrics)
         metrics[Metric.TOTAL_S] = time.perf_counter() - started
         tracker.log_metrics(run_id, {Metric.TOTAL_S: metrics[Metric.TOTAL_S]})

@@ -85,6 +85,8 @@ class Plan:
     task: Component
     parts: ModelParts
     fmt: BatchFormat  # the batch format the model receives
+    #: what one step costs, measured before a compute-budgeted run (harness.run.flops.StepCost)
+    step_cost: Any = None
 
     @property
     def model(self) -> Component:

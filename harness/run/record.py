@@ -107,6 +107,14 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     metrics[Metric.EVAL_S] = eval_s
     metrics[Metric.THREADS] = float(torch.get_num_threads())
     metrics[Metric.TRAIN_STEPS] = float(fitted.steps)
+    tokens = fitted.costs.get(Metric.TRAIN_TOKENS)
+    if flops and tokens:
+        metrics[Metric.TRAIN_FLOPS] = flops * tokens
+    t = fitted.system.cfg
+    if t.max_flops is not None:
+        metrics[Metric.BUDGET_FLOPS] = float(t.max_flops)
+    if t.max_tokens is not None:
+        metrics[Metric.BUDGET_TOKENS] = float(t.max_tokens)
     metrics[Metric.PARAMS] = float(built.num_params)
     state = decoding_state_size(built.model, built.info.max_length)
     if state is not None:

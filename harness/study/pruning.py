@@ -40,6 +40,7 @@ class OptunaTrialCallback(L.Callback):
         stop = False
         if trainer.is_global_zero and math.isfinite(value):
             self.trial.report(value, step)
-            stop = self.prune and step < self.max_steps and self.trial.should_prune()
+            last = min(self.max_steps, trainer.max_steps)  # a compute budget's steps: the run's own
+            stop = self.prune and step < last and self.trial.should_prune()
         if trainer.strategy.broadcast(stop):
             raise optuna.TrialPruned(f"pruned at step {step} ({self.monitor} = {value:.4g})")

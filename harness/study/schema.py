@@ -77,6 +77,17 @@ class CandidateModel(SearchComponent):
     )
 
 
+class ScalingCell(Strict):
+    """Where a candidate of a scaling study sits in its grid (set by
+    :func:`harness.study.budget.expand`, never written by hand)."""
+
+    base: Name  # the candidate of the YAML
+    size: int = Field(ge=0, description="index into scaling.sizes")
+    budget: float = Field(gt=0, description="this cell's training FLOPs (or tokens)")
+    unit: Literal["flops", "tokens"] = "flops"
+    lr: float | None = Field(None, gt=0, description="the learning rate the transfer rule fixes")
+
+
 class Candidate(Strict):
     name: Name
     description: str = ""
@@ -86,6 +97,7 @@ class Candidate(Strict):
         description="task params this candidate sets over task.params (the task is the "
                     "study's), e.g. {path: corpora/mine-bpe} to compare tokenizers",
     )
+    cell: ScalingCell | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class Objective(Strict):
@@ -116,7 +128,21 @@ class CostObjective(Strict):
 
 class Budget(Strict):
     trials: int = Field(ge=1, le=100_000, description="tuning trials per candidate")
-    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps of every run")
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS, description=(
+        "optimizer steps of every run (or, with budget.seconds, the cap and the schedule's length)"))
+    # compute budgets (harness.study.budget): each run's steps follow from its own cost
+    flops: float | None = Field(None, gt=0, le=1e30, exclude_if=lambda v: v is None,
+                                description="training FLOPs of every run (matrix products "
+                                            "counted on one step; see docs/scaling.md)")
+    tokens: int | None = Field(None, ge=1, le=10**16, exclude_if=lambda v: v is None,
+                               description="training tokens of every run")
+    count: Literal["matmul", "all"] = Field(
+        "matmul", exclude_if=lambda v: v == "matmul",
+        description="what budget.flops (and scaling.budgets in FLOPs) count: matrix products, or "
+                    "also the element-wise and FFT work the counter misses (docs/scaling.md)")
+    seconds: float | None = Field(None, gt=0, le=MAX_SECONDS, exclude_if=lambda v: v is None,
+                                  description="wall clock of every run's training on the machine "
+                                              "at hand (machine-dependent); needs steps as the cap")
     params: int | None = Field(None, ge=1, le=10**13,
                                description="match candidates' widths to this parameter count")
     state_size: int | None = Field(
@@ -132,6 +158,22 @@ class Budget(Strict):
         if self.params is not None and self.state_size is not None:
             raise ValueError("budget.params and budget.state_size both set a width: keep one")
         return self
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Budget:
+        given = [k for k in ("steps", "flops", "tokens") if getattr(self, k) is not None]
+        if len(given) > 1 and not (self.seconds is not None and given == ["steps"]):
+            raise ValueError(f"budget.{' and budget.'.join(given)} each set the length of a run: "
+                             f"keep one")
+        if self.seconds is not None and given != ["steps"]:
+            raise ValueError("budget.seconds needs budget.steps (the cap, and the length the "
+                             "learning-rate schedule is laid out over) and no flops or tokens")
+        return self
+
+    @property
+    def currency(self) -> str:
+        """What fixes a run's length: steps, flops, tokens or seconds."""
+        return next((k for k in ("seconds", "flops", "tokens") if getattr(self, k) is not None), "steps")
 
 
 class SamplerConfig(Strict):
@@ -179,11 +221,14 @@ def _try_sampler(sampler: Any, options: dict[str, Any]) -> None:
 
 
 class PrunerConfig(Strict):
-    name: Literal["none", "median", "hyperband"] = "median"
+    name: Literal["none", "median", "hyperband", "successive_halving"] = "median"
     startup_trials: int = Field(2, ge=0, le=100_000,
                                 description="median: trials completed before pruning starts")
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="median: no pruning before this step")
-    reduction_factor: int = Field(3, ge=2, le=100, description="hyperband")
+    reduction_factor: int = Field(3, ge=2, le=100, description="hyperband, successive_halving")
+    min_resource: int | None = Field(
+        None, ge=1, le=MAX_STEPS, exclude_if=lambda v: v is None,
+        description="hyperband, successive_halving: steps of the first rung (default: train.val_every)")
 
 
 class ConfirmConfig(Strict):
@@ -214,6 +259,49 @@ class ResumeConfig(Strict):
         if self.grace_s <= self.heartbeat_s:
             raise ValueError(f"grace_s ({self.grace_s}) must be longer than heartbeat_s "
                              f"({self.heartbeat_s}), or every running trial looks dead")
+        return self
+
+
+class ScalingTransfer(Strict):
+    """How the learning rate carries across sizes (it moves the exponents: say which)."""
+
+    rule: Literal["per_size", "scaled"] = Field(
+        "per_size", description="per_size: every (size, budget) cell tuned with the study's search; "
+                                "scaled: lr fixed at lr x (width / width_base)^-power")
+    lr: float | None = Field(None, gt=0, le=100, description="scaled: the lr tuned at the base width")
+    width: int | None = Field(None, ge=1, description="scaled: the base width (the smallest size's)")
+    power: float = Field(1.0, ge=0, le=4, description="scaled: 1 = the 1/width rule (muP, Adam); "
+                                                      "0 = the same lr at every size")
+    width_param: str = Field("d_model", min_length=1, description="the model parameter that is the width")
+
+    @model_validator(mode="after")
+    def _scaled(self) -> ScalingTransfer:
+        if self.rule == "scaled" and (self.lr is None or self.width is None):
+            raise ValueError("rule 'scaled' needs lr (tuned at the base width) and width")
+        return self
+
+
+class ScalingConfig(Strict):
+    """A scaling study: candidates x sizes x compute budgets (harness.study.budget)."""
+
+    sizes: list[dict[str, Any]] = Field(
+        min_length=3, description="model params of each size, merged into every candidate's "
+                                  "(a width/depth schedule); at least 3 for an iso-FLOP parabola")
+    budgets: list[Annotated[float, Field(gt=0, le=1e30)]] = Field(
+        min_length=3, description="training compute of each run; at least 3 spanning >= 10x")
+    unit: Literal["flops", "tokens"] = "flops"
+    transfer: ScalingTransfer = Field(default_factory=ScalingTransfer)
+
+    @model_validator(mode="after")
+    def _grid(self) -> ScalingConfig:
+        from harness.study.budget import check_budgets
+
+        check_budgets(list(self.budgets))
+        if any(not s for s in self.sizes):
+            raise ValueError("sizes: every size must set at least one model parameter")
+        keys = [json.dumps(s, sort_keys=True) for s in self.sizes]
+        if len(set(keys)) < len(keys):
+            raise ValueError("sizes: two sizes are the same")
         return self
 
 
@@ -254,6 +342,7 @@ class StudyConfig(Strict):
     train: dict[str, Any] = Field(default_factory=dict, description="fixed training settings")
     search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
     budget: Budget
+    scaling: ScalingConfig | None = Field(None, exclude_if=lambda v: v is None)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
@@ -264,6 +353,37 @@ class StudyConfig(Strict):
     plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
     reference: Reference | None = Field(None, exclude_if=lambda v: v is None,
                                         description="published numbers shown beside the report's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_scaling(cls, data: Any) -> Any:
+        """A scaling study's candidates crossed with its sizes and budgets (once: a stored
+        record's candidates already carry their cells)."""
+        from harness.study.budget import expand
+
+        return expand(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _scaling_protocol(self) -> StudyConfig:
+        if self.scaling is None:
+            if any(c.cell is not None for c in self.candidates):
+                raise ValueError("candidates: a cell belongs to a scaling study; add scaling: or "
+                                 "remove the candidates' cell")
+            if self.budget.steps is None and self.budget.currency == "steps":
+                raise ValueError("budget: give the length of every run: steps, flops, tokens, "
+                                 "or seconds with steps")
+            return self
+        if self.budget.currency != "steps" or self.budget.steps is not None:
+            raise ValueError("budget.steps/flops/tokens/seconds: a scaling study's runs get their "
+                             "compute from scaling.budgets; remove them from budget")
+        if self.objective.direction != "minimize":
+            raise ValueError(f"objective: a scaling law is fitted to a loss that falls with "
+                             f"compute; '{self.objective.metric}' is maximised (use loss, bpc "
+                             f"or ppl)")
+        if self.scaling.transfer.rule == "scaled" and "lr" in self.search:
+            raise ValueError("search.lr: the transfer rule 'scaled' fixes the learning rate of "
+                             "every size; remove lr from search (or use rule: per_size)")
+        return self
 
     @model_validator(mode="after")
     def _names(self) -> StudyConfig:

@@ -25,6 +25,7 @@ from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry import Registry
+from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
     ComponentSpace,
@@ -40,9 +41,12 @@ TRAIN_SEARCHABLE: dict[str, type] = {
     "label_smoothing": float, "grad_clip": float, "optimizer": str, "schedule": str,
     "momentum": float, "min_lr_ratio": float,
 }
+#: A candidate whose uncounted work exceeds this share of the counted FLOPs gets a note.
+UNCOUNTED_NOTE = 0.05
 #: Training settings the protocol sets; the YAML must not.
 TRAIN_PROTOCOL = {
-    "max_steps": "budget.steps", "max_time_s": "budget.time_per_run_s",
+    "max_steps": "budget.steps", "max_time_s": "budget.time_per_run_s (or budget.seconds)",
+    "max_flops": "budget.flops", "max_tokens": "budget.tokens", "flops_count": "budget.count",
     "seed": "seed (tuning) and confirm.seeds", "data_seed": "data_seed",
 }
 
@@ -136,8 +140,9 @@ class StudySpace:
         train = dict(cfg.train)
         for key, rng in self.train_ranges.items():
             train[key] = rng.suggest(trial, f"train.{key}") if trial is not None else _first(rng)
-        train.update(max_steps=cfg.budget.steps, seed=seed, data_seed=cfg.data_seed,
-                     max_time_s=cfg.budget.time_per_run_s)
+        train.update(seed=seed, data_seed=cfg.data_seed, **run_budget(cfg, cand))
+        if cand.candidate.cell is not None and cand.candidate.cell.lr is not None:
+            train["lr"] = cand.candidate.cell.lr  # the scaling study's transfer rule
         train.setdefault("progress", False)
         train.setdefault("devices", 1)  # "auto" would launch one process per GPU
         model: dict[str, Any] = {"name": cand.model.spec.name, "params": values["model"]}
@@ -311,7 +316,16 @@ def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
         space.notes += [f"warning: candidate {cand.name}: {text}" for text in meaningless(resolved)
                         if f"warning: candidate {cand.name}: {text}" not in space.notes]
         return
-    raise ConfigError(f"candidates[{cand.index}] ({cand.name}): {first_error}") from None
+    raise ConfigError(f"candidates[{cand.index}] ({cand.name}){_size_hint(space, cand)}: "
+                      f"{first_error}") from None
+
+
+def _size_hint(space: StudySpace, cand: CandidateSpace) -> str:
+    """Which size of a scaling study's schedule a candidate is (for its errors)."""
+    cell, scaling = cand.candidate.cell, space.config.scaling
+    if cell is None or scaling is None:
+        return ""
+    return f", scaling.sizes[{cell.size}] = {scaling.sizes[cell.size]}"
 
 
 def _check_candidate_task(space: StudySpace, cand: CandidateSpace) -> None:
@@ -404,4 +418,29 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     if match:
         for cand in cands:
             space.match_width(cand, space.base_run_config(cand))
+    _check_compute(space)
     return space
+
+
+def _check_compute(space: StudySpace) -> None:
+    """Under a compute budget, every candidate's base configuration buys at least one step
+    (measured: :func:`harness.study.budget.check_one_step`); runs of fewer than 50 steps may
+    land more than 1% off their budget (steps are whole), which the report flags."""
+    if space.config.budget.currency not in ("flops", "tokens") and space.config.scaling is None:
+        return
+    few, missed = [], []
+    for cand in space.candidates:
+        run = space.run_config(cand, None, seed=space.config.seed)
+        steps, share = check_one_step(space, cand, run)
+        if steps is not None and steps < 50:
+            few.append(f"{cand.name} ({steps})")
+        if share is not None and share > UNCOUNTED_NOTE and space.config.budget.count == "matmul":
+            missed.append(f"{cand.name} ({share:.0%})")
+    if missed:
+        space.notes.append(
+            "FLOP budgets count matrix products only; the element-wise and FFT work the counter "
+            "misses is more than " f"{UNCOUNTED_NOTE:.0%} of the counted for: " + ", ".join(missed)
+            + ": at equal counted FLOPs these do more work (budget.count: all counts it)")
+    if few:
+        space.notes.append("compute budgets that buy fewer than 50 steps land up to 1/(2 steps) "
+                           "off their budget (steps are whole): " + ", ".join(few))

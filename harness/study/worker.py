@@ -61,8 +61,19 @@ def make_pruner(config: StudyConfig) -> Any:
     if p.name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials,
                                            n_warmup_steps=p.warmup_steps)
-    val_every = min(int(config.train.get("val_every", 250)), config.budget.steps)
-    return optuna.pruners.HyperbandPruner(min_resource=val_every, max_resource=config.budget.steps,
+    steps = config.budget.steps if config.budget.currency == "steps" else None
+    val_every = p.min_resource or int(config.train.get("val_every", 250))
+    if p.name == "successive_halving":
+        # asynchronous successive halving (Li et al. 2020): a trial passes rung k (val_every
+        # x factor^k steps) only in the top 1/factor of the trials that reached it (the first
+        # trials: only if best so far), so most configurations cost one short rung
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=min(val_every, steps or val_every), reduction_factor=p.reduction_factor,
+            min_early_stopping_rate=0)
+    # a compute budget gives each candidate its own steps: Optuna's "auto" takes the first
+    # trial's last reported step
+    return optuna.pruners.HyperbandPruner(min_resource=min(val_every, steps or val_every),
+                                          max_resource=steps or "auto",
                                           reduction_factor=p.reduction_factor)
 
 
@@ -160,7 +171,8 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             trial.set_user_attr(Attr.CONFIG, run)
             callback = trial_callback(
                 trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
-                prune=job.phase == Phase.TUNE and not cfg.multi_objective, max_steps=cfg.budget.steps)
+                prune=job.phase == Phase.TUNE and not cfg.multi_objective,
+                max_steps=int(run["train"].get("max_steps") or 10**9))
             resume = resumable_run(handle, job.trial)
             if resume is not None:
                 log(f"{label} resuming run {resume} from its last checkpoint")

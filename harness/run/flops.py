@@ -1,0 +1,220 @@
+"""Compute budgets: a run's steps from its training FLOPs or tokens (``train.max_flops``,
+``train.max_tokens``), measured before anything is recorded.
+
+:func:`probe` builds the run's task and a fresh copy of its model (under a forked RNG, so the
+run itself is untouched), collates the first ``batch_size`` training examples (tokens per
+step: input tokens, padding included, as ``cost/train_tokens_per_s`` counts them) and runs
+one forward, loss and backward pass on the first few of them under ``FlopCounterMode``: the
+same counter as :class:`harness.run.meters.StepProbe`, so the budget and the realised compute
+(``cost/train_flops`` = ``cost/flops_per_token`` x ``cost/train_tokens``) use one convention.
+
+What the counter counts: matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, the
+fused attention kernels, convolutions), 2 FLOPs per multiply-add, forward and backward; for
+a Transformer that is exactly 6N + 14·layers·d·L per token (N: the weights of matrix
+products, the tied or untied output head included, embedding lookups excluded; L: the
+context, the causal mask not discounted; 14 rather than the usual 12 because the fused
+kernels' backward recomputes QK^T, which torch's formula counts): within 5% of the 6N +
+12·layers·d·L convention while L is at most about the width (``tests/test_flops.py``). What it does not
+count: element-wise work (activations, norms, gates, the softmax), recurrent scans written
+as element-wise loops, ``cumsum``, and FFTs. ``probe(..., measure_uncounted=True)`` measures
+that work (one FLOP per element an uncounted operation writes, 5·n·log2(n) per FFT of length
+n) so docs/scaling.md can state each mixer's share (``benchmarks/uncounted_flops.py``), and
+``train.flops_count: all`` adds it to what a FLOP budget counts (the realised compute then
+adds the probe's uncounted FLOPs per token to the counted ones of the run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import ConfigError
+
+#: Operations that move, copy or create data without arithmetic (left out of the uncounted work).
+MOVES = frozenset({
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "t", "transpose",
+    "permute", "slice", "select", "narrow", "unsqueeze", "squeeze", "detach", "alias",
+    "as_strided", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "full", "fill_", "zero_", "clone",
+    "copy_", "_to_copy", "contiguous", "embedding", "index", "index_select", "cat", "stack",
+    "split", "split_with_sizes", "unbind", "arange", "lift_fresh", "scalar_tensor", "gather",
+    "scatter", "tril", "triu", "flip", "roll", "constant_pad_nd", "repeat", "_local_scalar_dense",
+    "select_backward", "slice_backward", "lt", "gt", "le", "ge", "eq", "ne", "logical_not",
+    "argmax", "masked_fill", "where", "_fft_c2c_out", "view_as_real", "view_as_complex",
+})
+#: How many training examples the FLOP count runs on (FLOPs per token do not depend on it).
+PROBE_EXAMPLES = 4
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one training step of a run costs."""
+
+    flops_per_token: float  # counted matrix-product FLOPs (forward + backward) per input token
+    tokens_per_step: float  # input tokens of one batch (padding included)
+    uncounted_per_token: float = 0.0  # element-wise and FFT work the counter misses (if measured)
+
+    def steps_for_flops(self, flops: float, *, count_all: bool = False) -> float:
+        per_token = self.flops_per_token + (self.uncounted_per_token if count_all else 0.0)
+        return flops / (per_token * self.tokens_per_step)
+
+    def steps_for_tokens(self, tokens: float) -> float:
+        return tokens / self.tokens_per_step
+
+
+def _sdpa_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return int(sdpa_flop_count(query, key, value))
+
+
+def _sdpa_cpu_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
+                       out_shape: Any = None, **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return int(sdpa_backward_flop_count(grad_out, query, key, value))
+
+
+def flop_counter() -> Any:
+    """``FlopCounterMode`` with the fused CPU attention kernels counted: torch registers the
+    CUDA kernels' formulas only, so without these a CPU run's attention counted 0 FLOPs
+    (a 2-layer d_model-64 Transformer at 64 tokens: 13% of its FLOPs)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    mapping = {}
+    for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", _sdpa_cpu),
+                          ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_cpu_backward)):
+        op = getattr(aten, name, None)
+        if op is not None:
+            mapping[op] = formula
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+class _Uncounted:
+    """A dispatch mode adding up the work FlopCounterMode leaves out (see module)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        registry = flop_counter().flop_registry
+
+        owner = self
+
+        class Mode(TorchDispatchMode):  # type: ignore[misc]
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                owner.add(func, args, out, registry)
+                return out
+
+        self.mode = Mode()
+        self.flops = 0.0
+
+    def add(self, func: Any, args: Any, out: Any, registry: Any) -> None:
+        import torch
+
+        packet = getattr(func, "overloadpacket", func)
+        if packet in registry:
+            return
+        name = str(packet).split(".")[-1]
+        if name.startswith(("_fft", "fft")):
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.numel():
+                dims = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else [-1]
+                n = max(int(x.shape[d]) for d in dims) if dims else int(x.shape[-1])
+                self.flops += 5.0 * x.numel() * math.log2(max(n, 2))
+            return
+        if name in MOVES:
+            return
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+                self.flops += float(t.numel()) * (2.0 if t.is_complex() else 1.0)
+
+
+def probe(p: Any, *, measure_uncounted: bool = False, task: Any = None) -> StepCost:
+    """One training step's FLOPs per token and tokens per step for the plan ``p`` (see
+    module); ``measure_uncounted`` also runs the step under :class:`_Uncounted`. ``task``:
+    the run's task if already built (from ``train.data_seed``)."""
+    import lightning as L
+    import torch
+
+    from harness.run.build import build_model, build_task, task_info
+    from harness.run.system import HarnessSystem, masked_stats
+
+    t = p.config.train
+    task = task if task is not None else build_task(p, seed=t.data_seed)
+    info = task_info(p, task)
+    examples = task.examples("train", task.train_length)
+    batch = p.fmt.collate(examples[: t.batch_size], task.task_kind)
+    tokens_per_step = float(p.fmt.tokens(batch)) * t.batch_size / max(min(t.batch_size, len(examples)), 1)
+    small = p.fmt.collate(examples[:PROBE_EXAMPLES], task.task_kind)
+    with torch.random.fork_rng(devices=[]):
+        L.seed_everything(t.seed, workers=False, verbose=False)
+        model = build_model(p, info)
+        system = HarnessSystem(model, task, p.fmt, t)
+        system.train()
+        with flop_counter() as counter:
+            masked_stats(system(small), small)["loss"].backward()
+        counted = float(counter.get_total_flops())
+        extra = 0.0
+        if measure_uncounted:
+            model.zero_grad(set_to_none=True)
+            mode = _Uncounted()
+            with mode.mode:
+                masked_stats(system(small), small)["loss"].backward()
+            extra = mode.flops
+    tokens = max(p.fmt.tokens(small), 1)
+    return StepCost(counted / tokens, tokens_per_step, extra / tokens)
+
+
+def estimate(p: Any, task: Any = None, info: Any = None) -> StepCost:
+    """An analytic estimate without running anything: 6 x the parameters of the model built
+    on the ``meta`` device (no memory, no initialisation), embedding tables excluded, and
+    the tokens of one batch. Good to a factor well under 2 for every registered model; used
+    to skip the measured probe where a budget buys thousands of steps either way."""
+    import torch
+
+    from harness.run.build import build_model, build_task, task_info
+
+    t = p.config.train
+    task = task if task is not None else build_task(p, seed=t.data_seed)
+    info = info if info is not None else task_info(p, task)
+    examples = task.examples("train", task.train_length)
+    batch = p.fmt.collate(examples[: t.batch_size], task.task_kind)
+    tokens_per_step = float(p.fmt.tokens(batch)) * t.batch_size / max(min(t.batch_size, len(examples)), 1)
+    with torch.device("meta"):
+        model = build_model(p, info)
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    n = sum(q.numel() for q in model.parameters() if q.requires_grad and id(q) not in lookups)
+    return StepCost(6.0 * n, tokens_per_step)
+
+
+def resolve_steps(p: Any, cost: StepCost | None = None) -> int:
+    """The steps a compute-budgeted run trains (``train.max_flops`` or ``train.max_tokens``),
+    rounded to the nearest step; a ConfigError if the budget buys less than one step."""
+    t = p.config.train
+    if t.max_flops is None and t.max_tokens is None:
+        return int(t.max_steps)
+    count_all = t.flops_count == "all"
+    cost = cost or probe(p, measure_uncounted=count_all)
+    if t.max_flops is not None:
+        if cost.flops_per_token <= 0:
+            raise ConfigError(
+                "train.max_flops: the model of this run does no counted matrix products "
+                "(FLOPs per token: 0), so a FLOP budget cannot set its steps; use "
+                "train.max_tokens or train.max_steps.")
+        steps = cost.steps_for_flops(t.max_flops, count_all=count_all)
+        what = f"train.max_flops = {t.max_flops:.3g}"
+        per_token = cost.flops_per_token + (cost.uncounted_per_token if count_all else 0.0)
+        one = per_token * cost.tokens_per_step
+        unit = f"one step costs {one:.3g} FLOPs ({per_token:.3g} per token x " \
+               f"{cost.tokens_per_step:.0f} tokens)"
+    else:
+        steps, what = cost.steps_for_tokens(float(t.max_tokens or 0)), f"train.max_tokens = {t.max_tokens}"
+        unit = f"one step trains {cost.tokens_per_step:.0f} tokens"
+    if steps < 1:
+        raise ConfigError(f"{what} is smaller than one training step: {unit}. Raise the budget "
+                          f"to at least one step, or lower train.batch_size or the model's size.")
+    return max(1, round(steps))
