@@ -384,3 +384,27 @@ def test_the_build_benchmark_runs_at_its_smallest_size(tmp_path):
     row = next(line for line in (tmp_path / "b.md").read_text().splitlines() if line.startswith("| 300 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "`bytes`" and float(cells[4]) > 0 and float(cells[5]) > 0  # tokens, peak RSS
+
+
+def test_a_study_cannot_maximize_chrf_when_decoding_is_off(tmp_path, registry):
+    """The metrics a task logs through metrics_from_statistics count for the objective check,
+    and only while they are logged (decode_eval: false logs none of them)."""
+    from harness.data.tasks import Task
+    from harness.study.schema import parse_study_config
+    from harness.study.space import logged_metrics, validate
+
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data/train.jsonl", pairs(60))
+    config = parse_study_config({
+        "name": "mine", "task": {"name": "seq2seq_pairs",
+                                 "params": {"train": "data/train.jsonl", "decode_eval": False}},
+        "candidates": [{"name": "tf", "model": {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16}}}],
+        "objective": {"metric": "chrf"}, "budget": {"trials": 1, "steps": 10}})
+    with pytest.raises(ConfigError, match="does not log 'chrf'"):
+        validate(config, registry)
+
+    class Undeclared(Task):
+        def metrics_from_statistics(self, totals):
+            return {"mystery": 1.0}
+
+    assert logged_metrics(Undeclared.__new__(Undeclared)) is None  # nothing to check against

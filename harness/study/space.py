@@ -366,7 +366,8 @@ def logged_metrics(task: Any) -> set[str] | None:
 
     declared = getattr(task, "extra_metric_names", None)
     if declared is None:
-        if type(task).extra_metrics is not Task.extra_metrics:
+        if any(getattr(type(task), hook) is not getattr(Task, hook)
+               for hook in ("extra_metrics", "metrics_from_statistics")):
             return None
         declared = ()
     return {*BASE_METRICS, *(PERPLEXITY_METRICS if task.report_perplexity else ()),

@@ -73,6 +73,11 @@ class Seq2SeqPairsTask(Task):
     task_kind = "seq2seq"
     config: Seq2SeqPairsConfig
 
+    @property
+    def extra_metric_names(self) -> tuple[str, ...]:
+        """What metrics_from_statistics logs: the decoded metrics, unless decode_eval is off."""
+        return ("exact_match", "chrf", "bleu") if self.config.decode_eval else ()
+
     def __init__(self, config: Seq2SeqPairsConfig, *, seed: int) -> None:
         config.require_train()
         self.tokenizer, self.src, self.tgt = cached_read(config, partial(read_pairs, config))

@@ -61,6 +61,7 @@ class TextClassificationTask(Task):
     """Classify the texts of your own labelled files (accuracy and macro-F1)."""
 
     task_kind = "classification"
+    extra_metric_names = ("macro_f1",)  # from metrics_from_statistics
     config: TextClassificationConfig
 
     def __init__(self, config: TextClassificationConfig, *, seed: int) -> None:
