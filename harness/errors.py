@@ -7,7 +7,7 @@ with code 2, without a traceback. Anything else is a bug and keeps its traceback
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 #: the most characters of a user's value an error message echoes, and of a whole message
@@ -103,6 +103,16 @@ _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 #: Error types of a validator's own check: on a whole config, its input is the whole config
 WHOLE_CHECKS = ("value_error", "assertion_error")
 
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """An exception and every cause or context behind it, each once (cycles stop)."""
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        yield node
+        node = node.__cause__ or node.__context__
 
 def pydantic_message(err: Mapping[str, Any]) -> str:
     """The message of one pydantic error without pydantic's internals: no "Value error, "

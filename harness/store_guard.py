@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, exception_chain
 
 MAGIC = b"SQLite format 3\x00"
 #: the tables that say which store a SQLite file holds (any one of them is enough)
@@ -193,19 +192,10 @@ _KNOWN = (
 _ERRNOS = {errno.ENOSPC: _KNOWN[0][1], errno.EROFS: _KNOWN[4][1], errno.EDQUOT: _KNOWN[0][1]}
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen:
-        seen.add(id(node))
-        yield node
-        node = node.__cause__ or node.__context__
-
-
 def explain(exc: BaseException) -> StoreError | None:
     """A one-paragraph error for an exception (or any exception in its chain) that says a
     store could not be written or read; None for anything else."""
-    for node in _chain(exc):
+    for node in exception_chain(exc):
         if isinstance(node, OSError) and node.errno in _ERRNOS:
             where = f" ({node.filename})" if node.filename else ""
             return StoreError(f"a store could not be written{where}: {node.strerror}; "

@@ -44,7 +44,7 @@ def parse_formats(values: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(f for f in FORMATS if f in chosen)
 
 
-def _num(x: float | None) -> str:
+def number(x: float | None) -> str:
     """A CSV number: six significant digits, empty when undefined."""
     return "" if x is None or not math.isfinite(x) else f"{x:.6g}"
 
@@ -53,18 +53,18 @@ def _comparison_columns(prefix: str, cmp: Comparison | None) -> dict[str, str]:
     p = cmp.paired if cmp else None
     return {
         f"{prefix}": cmp.against if cmp else "",
-        f"delta_{prefix}": _num(p.mean_difference) if p else "",
-        f"delta_{prefix}_low": _num(p.interval.low) if p else "",
-        f"delta_{prefix}_high": _num(p.interval.high) if p else "",
-        f"relative_{prefix}": _num(p.relative_difference) if p else "",
-        f"p_better_{prefix}": _num(cmp.improvement) if cmp else "",
-        f"p_{prefix}": _num(p.p_value) if p else "",
-        f"p_holm_{prefix}": _num(p.p_adjusted) if p else "",
-        f"seeds_to_resolve_{prefix}": _num(cmp.seeds_needed) if cmp else "",
+        f"delta_{prefix}": number(p.mean_difference) if p else "",
+        f"delta_{prefix}_low": number(p.interval.low) if p else "",
+        f"delta_{prefix}_high": number(p.interval.high) if p else "",
+        f"relative_{prefix}": number(p.relative_difference) if p else "",
+        f"p_better_{prefix}": number(cmp.improvement) if cmp else "",
+        f"p_{prefix}": number(p.p_value) if p else "",
+        f"p_holm_{prefix}": number(p.p_adjusted) if p else "",
+        f"seeds_to_resolve_{prefix}": number(cmp.seeds_needed) if cmp else "",
     }
 
 
-def _csv(rows: list[dict[str, str]]) -> str:
+def csv_text(rows: list[dict[str, str]]) -> str:
     if not rows:
         return ""
     buf = io.StringIO()
@@ -85,19 +85,19 @@ def candidates_csv(results: list[CandidateResult], verdict: Verdict, protocol: P
         rows.append({
             "candidate": r.name, "label": r.label, "rank": "" if r.rank is None else str(r.rank),
             "best_group": str(r.best_group).lower(), "on_front": str(r.on_front).lower(),
-            "metric": protocol.objective, "n_seeds": str(len(r.seeds)), "mean": _num(r.mean),
-            "interval_low": _num(ci.low if ci else None), "interval_high": _num(ci.high if ci else None),
-            "interval_method": ci.method if ci else "", "confidence": _num(protocol.confidence),
-            **{f"seed_{s}": _num(values.get(s)) for s in seeds},
+            "metric": protocol.objective, "n_seeds": str(len(r.seeds)), "mean": number(r.mean),
+            "interval_low": number(ci.low if ci else None), "interval_high": number(ci.high if ci else None),
+            "interval_method": ci.method if ci else "", "confidence": number(protocol.confidence),
+            **{f"seed_{s}": number(values.get(s)) for s in seeds},
             **_comparison_columns("vs_best", r.vs_best),
             **_comparison_columns("vs_baseline", r.vs_baseline),
             "test": protocol.test,
-            "params": _num(r.cost.get("params")), "params_off_target": _num(r.params_off),
-            "tokens_per_s": _num(r.cost.get("tokens_per_s")),
-            "peak_memory_mb": _num(r.cost.get("peak_memory")),
+            "params": number(r.cost.get("params")), "params_off_target": number(r.params_off),
+            "tokens_per_s": number(r.cost.get("tokens_per_s")),
+            "peak_memory_mb": number(r.cost.get("peak_memory")),
             **{f"tuning_{k}": str(v) for k, v in r.tuning.items()},
         })
-    return _csv(rows)
+    return csv_text(rows)
 
 
 def seeds_csv(results: list[CandidateResult], protocol: Protocol) -> str:
@@ -108,14 +108,14 @@ def seeds_csv(results: list[CandidateResult], protocol: Protocol) -> str:
         for s in r.seeds:
             rows.append({
                 "candidate": r.name, "seed": str(s.seed), "run_id": s.run_id,
-                protocol.objective: _num(s.value),
-                "params": _num(cost_value(s.metrics, "params")),
-                "tokens_per_s": _num(cost_value(s.metrics, "tokens_per_s")),
-                "peak_memory_mb": _num(cost_value(s.metrics, "peak_memory")),
-                **{val_key(protocol.metric, n): _num(s.metrics.get(val_key(protocol.metric, n)))
+                protocol.objective: number(s.value),
+                "params": number(cost_value(s.metrics, "params")),
+                "tokens_per_s": number(cost_value(s.metrics, "tokens_per_s")),
+                "peak_memory_mb": number(cost_value(s.metrics, "peak_memory")),
+                **{val_key(protocol.metric, n): number(s.metrics.get(val_key(protocol.metric, n)))
                    for n in protocol.lengths},
             })
-    return _csv(rows)
+    return csv_text(rows)
 
 
 # -- LaTeX ----------------------------------------------------------------------------------------

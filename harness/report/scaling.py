@@ -19,8 +19,6 @@ config, so tests build them by hand.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ import numpy as np
 from harness.keys import Metric
 from harness.report import scaling_fit as sf
 from harness.report.collect import CandidateResult
+from harness.report.export import csv_text, number
 from harness.report.render import Block, fmt
 from harness.study.budget import off_budget
 from harness.study.schema import StudyConfig
@@ -279,20 +278,6 @@ def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[t
 
 
 # -- exports ---------------------------------------------------------------------------------
-def _num(x: float | None) -> str:
-    return "" if x is None or not math.isfinite(x) else f"{x:.6g}"
-
-
-def _csv(rows: list[dict[str, str]]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
 def fit_records(a: ScalingAnalysis) -> list[dict[str, Any]]:
     """One record per candidate (the CSV's and the DataFrame's rows)."""
     rows = []
@@ -309,14 +294,14 @@ def fit_records(a: ScalingAnalysis) -> list[dict[str, Any]]:
 
 
 def fits_csv(a: ScalingAnalysis) -> str:
-    return _csv([{k: (_num(v) if isinstance(v, float) else str(v)) for k, v in r.items()}
+    return csv_text([{k: (number(v) if isinstance(v, float) else str(v)) for k, v in r.items()}
                  for r in fit_records(a)])
 
 
 def runs_csv(a: ScalingAnalysis) -> str:
-    return _csv([{"candidate": n, "budget": _num(r.budget), "params": _num(r.params),
-                  "seed": str(r.seed), "loss": _num(r.loss), "realised": _num(r.compute),
-                  "off_budget": _num(off_budget(r.compute, r.budget))}
+    return csv_text([{"candidate": n, "budget": number(r.budget), "params": number(r.params),
+                  "seed": str(r.seed), "loss": number(r.loss), "realised": number(r.compute),
+                  "off_budget": number(off_budget(r.compute, r.budget))}
                  for n, runs in a.runs.items() for r in runs])
 
 

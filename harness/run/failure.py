@@ -14,10 +14,9 @@ import gc
 import os
 import sys
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
-from harness.errors import ConfigError, OutOfMemory, RunFailed
+from harness.errors import ConfigError, OutOfMemory, RunFailed, exception_chain
 from harness.run.plan import Component, Plan
 
 #: Texts of allocator errors that are not ``torch.OutOfMemoryError`` (CPU allocations,
@@ -46,15 +45,6 @@ def release_memory(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen:
-        seen.add(id(node))
-        yield node
-        node = node.__cause__ or node.__context__
-
-
 def _module_file(obj: Any) -> str | None:
     module = sys.modules.get(getattr(obj, "__module__", "") or "")
     path = getattr(module, "__file__", None)
@@ -69,7 +59,7 @@ def blame(exc: BaseException, p: Plan) -> tuple[str, Component, traceback.FrameS
         path = _module_file(comp.spec.build)
         if path:
             files.setdefault(path, (role, comp))
-    for node in _chain(exc):
+    for node in exception_chain(exc):
         for frame in reversed(traceback.extract_tb(node.__traceback__)):
             hit = files.get(os.path.realpath(frame.filename))
             if hit:
@@ -87,7 +77,7 @@ def raised_by_plugin(exc: BaseException, p: Plan) -> bool:
     if isinstance(exc, Exception | Interrupted):
         return False
     if any(type(node).__name__ in ("SIGTERMException", "Preempted") or isinstance(node, Interrupted)
-           for node in _chain(exc)):
+           for node in exception_chain(exc)):
         return False
     return blame(exc, p) is not None
 
