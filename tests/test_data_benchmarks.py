@@ -27,7 +27,8 @@ def test_prepare_benchmark_runs_at_its_smallest_size(tmp_path):
     run("data_prepare.py", "--sizes", "1", "--tokenizers", "bytes", "--workers", "1", "--out", str(out), cwd=tmp_path)
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 1 | bytes |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[3]) > 0 and float(cells[4]) > 0 and float(cells[6]) > 0  # wall, MB/s, RSS
+    # wall (one decimal: 1 MB of bytes can take under 0.05 s on an idle machine), MB/s, RSS
+    assert float(cells[3]) >= 0 and float(cells[4]) > 0 and float(cells[6]) > 0
 
 
 @pytest.mark.slow

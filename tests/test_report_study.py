@@ -70,7 +70,9 @@ def test_a_handicapped_candidate_is_ranked_below(handicapped):
     assert bad["vs_best"]["mean_difference"] == pytest.approx(bad["mean"] - good["mean"])
     assert summary["fixed_differences"] == {"model.params.dropout": {"good": "0.0", "handicapped": "0.9"}}
     md = (out / "results.md").read_text()
-    assert md.startswith("# Study handicap")  # enough seeds: no warning line
+    # enough seeds: no warning line; one trial each, so the first line says the recipe was shared
+    first, rest = md.split("\n\n", 1)
+    assert first.startswith("**Shared recipe, not tuned") and rest.startswith("# Study handicap")
     assert "Resolved below the best: handicapped" in md and "| model.params.dropout | 0.0 | 0.9 |" in md
     rows = list(csv.DictReader((out / "candidates.csv").open()))
     assert [r["candidate"] for r in rows] == ["good", "handicapped"]
@@ -121,7 +123,9 @@ def test_identical_candidates_are_indistinguishable(tmp_path, capsys):
     assert summary["resolved"] is False and sorted(summary["best_group"]) == ["one", "two"]
     assert one["rank"] == two["rank"] == 1 and summary["front"] is None
     md = (tmp_path / "r" / "results.md").read_text()
-    assert "No difference is resolved" in md and "★" not in md and "**" not in md
+    body = md.split("\n\n", 1)[1]  # after the first line (one trial each: a shared recipe)
+    assert md.startswith("**Shared recipe, not tuned")
+    assert "No difference is resolved" in body and "★" not in body and "**" not in body
     assert "and the data sample too (confirm.vary_data" in md
 
 
