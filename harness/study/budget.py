@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.study.profiles import merge
 
 #: Above this many estimated steps the one-step check does not measure: the estimate
 #: (harness.run.flops.estimate) is within a factor 2 of the count for every registered model.
@@ -45,16 +46,6 @@ def budget_label(value: float) -> str:
 
 def cell_name(base: str, size: int, budget: float, unit: str) -> str:
     return f"{base}.s{size + 1}.{'c' if unit == 'flops' else 't'}{budget_label(budget)}"
-
-
-def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def scaled_lr(transfer: dict[str, Any], size: dict[str, Any]) -> float | None:
@@ -97,7 +88,7 @@ def expand(data: dict[str, Any]) -> dict[str, Any]:
                 if not isinstance(budget, int | float) or isinstance(budget, bool):
                     return data
                 model = copy.deepcopy(cand["model"])
-                model["params"] = _merge(model.get("params") or {}, size)
+                model["params"] = merge(model.get("params") or {}, size)
                 out.append({**cand, "name": cell_name(str(cand.get("name")), i, float(budget), unit),
                             "model": model,
                             "cell": {"base": cand.get("name"), "size": i, "budget": float(budget),
