@@ -19,6 +19,7 @@ from harness.keys import Attr, Phase, Tag
 from harness.study.progress import best_trial, phase_progress
 from harness.study.schema import COSTS
 from harness.study.storage import StudyHandle
+from harness.study.worker import rungs_in_words
 
 
 @dataclass
@@ -124,7 +125,7 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         front_cost=front_cost(handle), vary_data=cfg.confirm.vary_data, complete=complete,
         task=f"{cfg.task.name} {cfg.task.params}",
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
-                f"({cfg.sampler.name} sampler, {cfg.pruner.name} pruner{match})"),
+                f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
         description=cfg.description.strip(), untuned=b.trials < 2)
 
 

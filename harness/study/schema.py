@@ -207,7 +207,6 @@ def _try_sampler(sampler: Any, options: dict[str, Any]) -> None:
 
     startup = options.get("n_startup_trials", options.get("population_size", 10))
     trials = (startup if isinstance(startup, int) and 0 <= startup <= 60 else 10) + 2
-    study = optuna.create_study(sampler=sampler)
 
     def objective(trial: Any) -> float:
         return trial.suggest_float("x", 0.0, 1.0) + trial.suggest_int("n", 1, 4)
@@ -215,7 +214,7 @@ def _try_sampler(sampler: Any, options: dict[str, Any]) -> None:
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.CRITICAL)  # its failed trial is our error, not a log
     try:
-        study.optimize(objective, n_trials=trials, catch=())
+        optuna.create_study(sampler=sampler).optimize(objective, n_trials=trials, catch=())
     finally:
         optuna.logging.set_verbosity(verbosity)
 
