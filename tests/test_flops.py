@@ -250,6 +250,10 @@ def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_pat
     assert md.startswith("**Shared recipe, not tuned")
     assert (out / "scaling_frontier.png").exists() and (out / "scaling_isoflop.png").exists()
     assert "candidate,budget,params" in (out / "scaling_runs.csv").read_text()
+    import harness  # the DataFrame export: the same fits from Python
+
+    from_python = harness.study_summary("iso")["scaling"]
+    assert from_python["fits"] == data["fits"] and from_python["crossovers"] == data["crossovers"]
 
 
 def test_a_seconds_budget_caps_every_run_and_needs_steps(tmp_path):

@@ -65,13 +65,20 @@ def study_summary(study: str, storage: str | None = None, tracking_uri: str | No
     seeds, rank, best group, comparisons with the best and the baseline (effect sizes,
     p-values, seeds to resolve), costs and by-length values; for the study the best group,
     the front and whether its seeds can resolve anything. ``pandas.DataFrame(
-    summary["candidates"])`` gives one row per candidate."""
+    summary["candidates"])`` gives one row per candidate. A scaling study adds ``scaling``
+    (its ``scaling.json``: fits, iso-FLOP profiles, crossovers, runs);
+    ``pandas.DataFrame(summary["scaling"]["fits"])`` gives one row per candidate's fit."""
+    from harness.report import scaling
     from harness.report.export import summary
     from harness.report.write import analysed
 
     handle = open_handle(study, storage, tracking_uri)
     results, verdict, proto = analysed(handle, settle=False)
-    return dict(summary(results, verdict, proto, parent_run_id=handle.parent_run_id))
+    out = dict(summary(results, verdict, proto, parent_run_id=handle.parent_run_id))
+    analysis = scaling.analyse(handle.config, results, confidence=proto.confidence)
+    if analysis is not None:
+        out["scaling"] = scaling.summary(analysis)
+    return out
 
 
 __all__ = ["open_handle", "study_runs", "study_summary"]
