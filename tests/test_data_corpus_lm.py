@@ -280,3 +280,26 @@ def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_pat
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "Traceback" not in err
     assert f"Prepare it first: harness data prepare YOUR_FILES... --tokenizer bytes --out {tmp_path / 'raw'}" in err
+
+
+def test_a_budget_that_outgrows_the_corpus_is_warned(tmp_path, registry):
+    """More than 4 passes over a prepared train split: the run says so (once it is prepared;
+    nothing is opened or prepared to check)."""
+    from harness.config import parse_run_config
+    from harness.run.plan import plan
+    from harness.run.sanity import meaningless
+
+    path = corpus(tmp_path)
+    tokens = open_corpus(path).split("train").tokens
+
+    def warnings(steps: int, where: str = str(path)) -> list[str]:
+        cfg = parse_run_config({"task": {"name": "corpus_lm", "params": {"path": where, "length": 16}},
+                                "model": {"name": "transformer"},
+                                "train": {"max_steps": steps, "batch_size": 8}})
+        return [w for w in meaningless(plan(cfg, registry)) if "the corpus's train split" in w]
+
+    four_passes = 4 * tokens // (8 * 16)
+    assert warnings(four_passes) == []
+    [text] = warnings(four_passes + tokens // (8 * 16) + 1)
+    assert f"({tokens:,} tokens)" in text and "task.params.path" in text and "5.0 times" in text
+    assert warnings(10**6, where=str(tmp_path / "not-prepared")) == []

@@ -24,8 +24,28 @@ MAX_SENSIBLE_LR = 1.0
 MAX_SENSIBLE_WEIGHT_DECAY = 1.0
 #: label smoothing at or above this puts half of every target's probability on wrong tokens
 MAX_SENSIBLE_SMOOTHING = 0.5
+#: passes over a prepared corpus's train split a run may make without a warning
+MAX_SENSIBLE_PASSES = 4
 #: a wall-clock cap below this ends the training before its first step
 MIN_SENSIBLE_TIME_S = 1.0
+
+
+def _passes_over_the_corpus(p: Plan) -> list[str]:
+    """A streaming task on a prepared corpus (``train_split_tokens``) read more than
+    :data:`MAX_SENSIBLE_PASSES` times over: the budget outgrew the corpus."""
+    count = getattr(p.task.params, "train_split_tokens", None)
+    length = getattr(p.task.params, "length", None)
+    tokens = count() if callable(count) else None
+    if not tokens or not isinstance(length, int):
+        return []
+    t = p.config.train
+    planned = t.max_steps * t.batch_size * length  # per process: several devices read more
+    if planned <= MAX_SENSIBLE_PASSES * tokens:
+        return []
+    return [f"this run trains on {planned:,} tokens, {planned / tokens:.1f} times the corpus's train "
+            f"split ({tokens:,} tokens): past a few passes the loss also measures how well a model "
+            f"memorises a small text. Prepare a larger corpus for this budget (harness data prepare "
+            f"...; task.params.path)"]
 
 
 def meaningless(p: Plan) -> list[str]:
@@ -39,6 +59,7 @@ def meaningless(p: Plan) -> list[str]:
     if isinstance(num_train, int) and t.batch_size > num_train:
         out.append(f"train.batch_size ({t.batch_size}) is larger than the training set "
                    f"(task.params.num_train={num_train}): every batch is the whole set")
+    out += _passes_over_the_corpus(p)
     if t.max_time_s is not None and t.max_time_s < MIN_SENSIBLE_TIME_S:
         out.append(f"train.max_time_s ({t.max_time_s:g} s) ends the training before it can take "
                    f"a step")

@@ -29,6 +29,7 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Iterator
@@ -73,6 +74,16 @@ class CorpusLMConfig(TaskConfig):
     eval_protocol: Annotated[str, Choice(("windows", "sliding"))] = "windows"
     score_last: Annotated[int, Ge(1)] = 32  # sliding protocol: tokens scored per window
 
+    def train_split_tokens(self) -> int | None:
+        """Tokens of the train split where it is already prepared (from its manifest, nothing
+        opened or prepared), else None: what the run's sanity check compares a budget with."""
+        manifest = folder_and_source(self)[0] / "manifest.json"
+        try:
+            shards = json.loads(manifest.read_text())["splits"]["train"]["shards"]
+            return sum(int(shard["tokens"]) for shard in shards)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eval_protocol not in ("windows", "sliding"):
@@ -90,19 +101,26 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "corpus"
 
 
-def corpus_folder(config: CorpusLMConfig) -> Path:
-    """The prepared folder of a config: ``path`` as it is when prepared; otherwise prepared
-    (or reused) from ``source`` into ``path`` or the cache folder."""
+def folder_and_source(config: CorpusLMConfig) -> tuple[Path, str]:
+    """Where a config's prepared corpus is (or goes), and the source to prepare it from (empty:
+    ``path`` is used as it is)."""
     path = Path(config.path).expanduser() if config.path else None
     if path is not None and (path / "manifest.json").is_file():
-        return path  # prepared (open_corpus validates it); source is not read
+        return path, ""  # prepared (open_corpus validates it); source is not read
     source = config.source or ("" if path is not None else "shakespeare")
-    if not source:
-        return path  # type: ignore[return-value]  # not prepared: open_corpus says how to
     if path is None:  # one cache folder per source (its absolute path) and tokenizer
         name = source if source in SHIPPED else \
             f"{_safe(Path(source).name)}-{hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:8]}"
         path = cache_dir() / "corpora" / f"{name}-{_safe(config.tokenizer)}"
+    return path, source
+
+
+def corpus_folder(config: CorpusLMConfig) -> Path:
+    """The prepared folder of a config: ``path`` as it is when prepared; otherwise prepared
+    (or reused) from ``source`` into ``path`` or the cache folder."""
+    path, source = folder_and_source(config)
+    if not source:
+        return path  # prepared, or not: open_corpus says how to
     if source in SHIPPED:
         with resources.as_file(resources.files(__package__).joinpath("data", SHIPPED[source])) as f:
             prepare_corpus([f], path, tokenizer=config.tokenizer, progress=False)
