@@ -166,6 +166,40 @@ def test_parameter_counts_and_fixed_hyper_parameters():
     assert fixed_differences([results[0]]) == {}
 
 
+def test_a_tuned_value_at_the_edge_of_its_range_is_named():
+    """The best trial's lr in the top tenth of its log range, its weight decay in the bottom
+    tenth; a matched width and a choice are not tuning results; mid-range values say nothing."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from harness.report.collect import range_edges
+
+    dists = {"train.lr": FloatDistribution(2e-3, 2e-2, log=True),
+             "train.weight_decay": FloatDistribution(0.0, 0.1),
+             "model.hidden": IntDistribution(32, 512, step=16),
+             "attention.window": CategoricalDistribution([8, 64])}
+
+    def trial(lr: float, wd: float) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(params={"train.lr": lr, "train.weight_decay": wd,
+                                                 "model.hidden": 512, "attention.window": 64},
+                                         distributions=dists, value=1.0)
+
+    # 10 ** (log10(2e-3) + 0.9 * 1) = 1.59e-2: the top tenth starts there
+    assert range_edges(trial(1.62e-2, 0.009), skip="model.params.hidden") == [
+        "train.lr 0.0162 in the top tenth of [0.002, 0.02], log scale",
+        "train.weight_decay 0.009 in the bottom tenth of [0, 0.1]"]
+    assert range_edges(trial(1.56e-2, 0.011), skip="model.params.hidden") == []
+    assert range_edges(trial(6e-3, 0.05)) == ["model.params.hidden 512 in the top tenth of [32, 512]"]
+    rng = np.random.default_rng(5)
+    results = [noisy("a", 0.8, 3, rng), noisy("b", 0.7, 3, rng)]
+    results[0].edges = range_edges(trial(1.9e-2, 0.05), skip="model.params.hidden")
+    proto = protocol(3)
+    verdict = analyze(results, proto)
+    md = render_markdown(document(results, verdict, proto))
+    assert "edge of their searched range" in md and "a: train.lr 0.019 in the top tenth" in md
+    assert summary(results, verdict, proto)["candidates"][0]["range_edges"] == results[0].edges
+
+
 def test_a_candidate_without_values_is_listed_last_unranked():
     rng = np.random.default_rng(5)
     results = [noisy("a", 0.8, 6, rng), candidate("b", {}), noisy("c", 0.7, 6, rng)]

@@ -57,6 +57,8 @@ class CandidateResult:
     #: keys of ``config`` the tuning searched, and those parameter matching set
     searched: list[str] = field(default_factory=list)
     matched: list[str] = field(default_factory=list)
+    #: searched values of the best trial in the outer tenth of their range (:func:`range_edges`)
+    edges: list[str] = field(default_factory=list)
     # -- filled by verdict.analyze ------------------------------------------------------------
     mean: float = math.nan
     interval: stats.Interval | None = None
@@ -244,5 +246,34 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
             best.user_attrs.get(Attr.CONFIG) if best is not None else None, points,
             config=config,
             searched=sorted(config_key(k) for k in (best.params if best is not None else {})),
-            matched=[widths[cand.name]] if cand.name in widths else []))
+            matched=[widths[cand.name]] if cand.name in widths else [],
+            edges=range_edges(best, skip=widths.get(cand.name)) if best is not None else []))
     return results
+
+
+#: a tuned value this close to an end of its range (share of the range, log scale where the
+#: range is) may have an optimum outside it
+EDGE = 0.1
+
+
+def range_edges(trial: Any, skip: str | None = None) -> list[str]:
+    """The best trial's numeric values in the outer tenth of their searched range (``lr
+    0.0175 in the top tenth of [0.002, 0.02], log scale``): the search may have cut the
+    candidate's optimum off. Widths set by parameter matching (``skip``) are not tuned."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    out = []
+    for key, dist in sorted(trial.distributions.items()):
+        value = trial.params.get(key)
+        if not isinstance(dist, FloatDistribution | IntDistribution) or dist.high <= dist.low \
+                or value is None or config_key(key) == skip:
+            continue
+        lo, hi, v = float(dist.low), float(dist.high), float(value)
+        if dist.log:
+            lo, hi, v = math.log(lo), math.log(hi), math.log(v)
+        share = (v - lo) / (hi - lo)
+        if share < EDGE or share > 1 - EDGE:
+            side = "bottom" if share < EDGE else "top"
+            out.append(f"{config_key(key)} {value:.3g} in the {side} tenth of [{dist.low:.3g}, "
+                       f"{dist.high:.3g}]{', log scale' if dist.log else ''}")
+    return out

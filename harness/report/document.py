@@ -57,6 +57,11 @@ def document(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
                             "seeds); never fewer than the test needs to reach the level at all."))
     blocks.append(("h2", "Parameters"))
     blocks += [("p", n) for n in verdict.param_notes]
+    edges = [f"{r.name}: {'; '.join(r.edges)}" for r in results if r.edges]
+    if edges:
+        blocks.append(("p", "Tuned values at the edge of their searched range (the optimum may "
+                            "lie outside it, a handicap the ranking does not show; widen the "
+                            "range and re-run): " + ". ".join(edges) + "."))
     if protocol.param_target and not verdict.param_notes:
         blocks.append(("p", f"Every candidate is within {PARAM_TOLERANCE:.0%} of the target "
                             f"budget.params = {protocol.param_target:,} parameters."))

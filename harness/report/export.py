@@ -222,7 +222,8 @@ def summary(results: list[CandidateResult], verdict: Verdict, protocol: Protocol
              "vs_best": comparison(r.vs_best), "vs_baseline": comparison(r.vs_baseline),
              "cost": r.cost, "params_off_target": r.params_off,
              "by_length": {str(n): v for n, v in r.by_length.items()},
-             "tuning": r.tuning, "best_trial": r.best_trial, "best_value": r.best_value}
+             "tuning": r.tuning, "best_trial": r.best_trial, "best_value": r.best_value,
+             "range_edges": r.edges}
             for r in (next(x for x in results if x.name == n) for n in verdict.order)
         ],
     })
