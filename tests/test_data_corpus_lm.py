@@ -303,3 +303,28 @@ def test_a_budget_that_outgrows_the_corpus_is_warned(tmp_path, registry):
     [text] = warnings(four_passes + tokens // (8 * 16) + 1)
     assert f"({tokens:,} tokens)" in text and "task.params.path" in text and "5.0 times" in text
     assert warnings(10**6, where=str(tmp_path / "not-prepared")) == []
+
+
+def test_a_study_whose_compute_budgets_outgrow_the_corpus_says_so_before_it_runs(tmp_path, registry):
+    """A scaling study on a small prepared corpus: its largest budget would read the train split
+    many times over; the study's notes name the cells and the factor."""
+    import yaml
+
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    path = corpus(tmp_path)
+    study = {"name": "outgrow", "task": {"name": "corpus_lm", "params": {"path": str(path), "length": 16,
+                                                                       "eval_tokens": 64}},
+             "candidates": [{"name": "att", "model": {"name": "transformer", "params": {"layers": 1, "ffn_mult": 2},
+                                                      "search_declared": False}}],
+             "objective": {"metric": "bpb"},
+             "scaling": {"sizes": [{"d_model": 16, "heads": 2}, {"d_model": 24, "heads": 2},
+                                   {"d_model": 32, "heads": 2}],
+                         "budgets": [1e9, 1e10, 1e11], "transfer": {"rule": "scaled", "lr": 1e-2, "width": 16}},
+             "train": {"batch_size": 8, "num_threads": 1}, "budget": {"trials": 1}, "pruner": {"name": "none"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    cfg = load_study_config(tmp_path / "s.yaml")
+    notes = " ".join(validate(cfg, registry).notes)
+    assert "more than 4 times over for: " in notes and "att.s1.c1e11 (" in notes
+    assert "att.s1.c1e9 (" not in notes  # ~1 pass: fine

@@ -17,6 +17,8 @@ cannot work at all is a bound (:mod:`harness.params`) or a config error instead.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.run.plan import Plan
 
 #: the largest learning rate and weight decay a run is trained with without a warning
@@ -30,22 +32,30 @@ MAX_SENSIBLE_PASSES = 4
 MIN_SENSIBLE_TIME_S = 1.0
 
 
-def _passes_over_the_corpus(p: Plan) -> list[str]:
-    """A streaming task on a prepared corpus (``train_split_tokens``) read more than
-    :data:`MAX_SENSIBLE_PASSES` times over: the budget outgrew the corpus."""
-    count = getattr(p.task.params, "train_split_tokens", None)
-    length = getattr(p.task.params, "length", None)
+def corpus_passes(task_params: Any, steps: int, batch_size: int) -> tuple[float, int] | None:
+    """How many times ``steps`` of ``batch_size`` windows read a prepared corpus's train split
+    over, and its tokens: for a streaming task whose params know the split's size
+    (``train_split_tokens``, from the manifest where prepared), else None."""
+    count = getattr(task_params, "train_split_tokens", None)
+    length = getattr(task_params, "length", None)
     tokens = count() if callable(count) else None
     if not tokens or not isinstance(length, int):
-        return []
+        return None
+    return steps * batch_size * length / tokens, tokens  # per process: several devices read more
+
+
+def _passes_over_the_corpus(p: Plan) -> list[str]:
+    """A prepared corpus read more than :data:`MAX_SENSIBLE_PASSES` times over: the budget
+    outgrew the corpus."""
     t = p.config.train
-    planned = t.max_steps * t.batch_size * length  # per process: several devices read more
-    if planned <= MAX_SENSIBLE_PASSES * tokens:
+    passes = corpus_passes(p.task.params, t.max_steps, t.batch_size)
+    if passes is None or passes[0] <= MAX_SENSIBLE_PASSES:
         return []
-    return [f"this run trains on {planned:,} tokens, {planned / tokens:.1f} times the corpus's train "
-            f"split ({tokens:,} tokens): past a few passes the loss also measures how well a model "
-            f"memorises a small text. Prepare a larger corpus for this budget (harness data prepare "
-            f"...; task.params.path)"]
+    times, tokens = passes
+    return [f"this run trains on {round(times * tokens):,} tokens, {times:.1f} times the corpus's "
+            f"train split ({tokens:,} tokens): past a few passes the loss also measures how well a "
+            f"model memorises a small text. Prepare a larger corpus for this budget (harness data "
+            f"prepare ...; task.params.path)"]
 
 
 def meaningless(p: Plan) -> list[str]:

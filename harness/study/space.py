@@ -429,12 +429,23 @@ def _check_compute(space: StudySpace) -> None:
     land more than 1% off their budget (steps are whole), which the report flags."""
     if space.config.budget.currency not in ("flops", "tokens") and space.config.scaling is None:
         return
-    few, missed = [], []
+    from harness.config import parse_run_config
+    from harness.run.plan import plan
+    from harness.run.sanity import MAX_SENSIBLE_PASSES, corpus_passes
+
+    few, missed, repeated = [], [], []
+    corpus = 0
     for cand in space.candidates:
         run = space.run_config(cand, None, seed=space.config.seed)
         steps, share = check_one_step(space, cand, run)
         if steps is not None and steps < 50:
             few.append(f"{cand.name} ({steps})")
+        resolved = None if steps is None else plan(parse_run_config(run), space.registry)
+        passes = None if resolved is None else corpus_passes(
+            resolved.task.params, steps, resolved.config.train.batch_size)
+        if passes is not None and passes[0] > MAX_SENSIBLE_PASSES:
+            repeated.append(f"{cand.name} ({passes[0]:.0f}x)")
+            corpus = passes[1]
         if share is not None and share > UNCOUNTED_NOTE and space.config.budget.count == "matmul":
             missed.append(f"{cand.name} ({share:.0%})")
     if missed:
@@ -445,3 +456,9 @@ def _check_compute(space: StudySpace) -> None:
     if few:
         space.notes.append("compute budgets that buy fewer than 50 steps land up to 1/(2 steps) "
                            "off their budget (steps are whole): " + ", ".join(few))
+    if repeated:
+        space.notes.append(
+            f"warning: the compute budgets read the corpus's train split ({corpus:,} tokens) more "
+            f"than {MAX_SENSIBLE_PASSES} times over for: " + ", ".join(repeated) + ". Past a few "
+            "passes the loss also measures memorisation of a small text; prepare a larger corpus "
+            "(harness data prepare ...; task.params.path)")
