@@ -88,7 +88,7 @@ def test_a_real_study_tunes_under_successive_halving_and_confirms_the_best(tmp_p
 
 
 def test_the_report_states_where_the_rungs_are():
-    from harness.study.worker import rungs_in_words
+    from harness.study.rungs import rungs_in_words
 
     def words(pruner: dict[str, Any], steps: int = 600) -> str:
         return rungs_in_words(parse_study_config(BASE | {"budget": {"trials": 6, "steps": steps},
@@ -110,7 +110,7 @@ def test_the_recall_profiles_put_their_rung_past_the_short_horizon():
     by how fast they leave chance (Spearman rho 0.09-0.20 with the final ranking) and keeps one
     that never makes the late jump; from 300 on it ranks as the end does (0.83-0.89)."""
     for name in ("attention_variants", "recall_baselines"):
-        from harness.study.worker import first_rung
+        from harness.study.rungs import first_rung
 
         cfg = load_study_config(ROOT / "studies" / f"{name}.yaml", profile="cpu")
         assert first_rung(cfg) >= 300, name

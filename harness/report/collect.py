@@ -17,9 +17,9 @@ from typing import Any
 from harness import stats
 from harness.keys import Attr, Phase, Tag
 from harness.study.progress import best_trial, phase_progress
+from harness.study.rungs import rungs_in_words
 from harness.study.schema import COSTS
 from harness.study.storage import StudyHandle
-from harness.study.worker import rungs_in_words
 
 
 @dataclass

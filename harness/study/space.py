@@ -440,9 +440,10 @@ def _check_compute(space: StudySpace) -> None:
         steps, share = check_one_step(space, cand, run)
         if steps is not None and steps < 50:
             few.append(f"{cand.name} ({steps})")
-        resolved = None if steps is None else plan(parse_run_config(run), space.registry)
-        passes = None if resolved is None else corpus_passes(
-            resolved.task.params, steps, resolved.config.train.batch_size)
+        passes = None
+        if steps is not None:
+            resolved = plan(parse_run_config(run), space.registry)
+            passes = corpus_passes(resolved.task.params, steps, resolved.config.train.batch_size)
         if passes is not None and passes[0] > MAX_SENSIBLE_PASSES:
             repeated.append(f"{cand.name} ({passes[0]:.0f}x)")
             corpus = passes[1]
