@@ -45,6 +45,20 @@ def test_uncounted_flops_runs_at_its_smallest_size(tmp_path):
     assert "| attention (multi_head) |" in done.stdout and "| mamba |" in done.stdout
 
 
+def test_rung_fidelity_runs_at_its_smallest_size(tmp_path):
+    """Two learning rates, one seed, rungs at 10 and 20 steps of the quickstart's exported rope
+    config: the per-rung table and the rank-correlation table are printed."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", HARNESS_HOME=str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rung_fidelity.py"),
+                           str(ROOT / "benchmarks" / "studies" / "quickstart" / "configs" / "rope.yaml"),
+                           "--lrs", "1e-3", "1e-2", "--seeds", "1", "--rungs", "10", "20"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "| lr | step 10 | step 20 |" in out and "| 1.00e-02 | " in out
+    assert "| rung | Spearman rho" in out and "| 20 | " in out
+
+
 @pytest.mark.slow
 def test_checkpoint_cpu_runs_at_its_quick_size(tmp_path):
     out = tmp_path / "checkpoint.md"
