@@ -438,3 +438,24 @@ def test_a_decoding_state_difference_counts_on_the_front_without_a_test():
             s.metrics["cost/state_size"] = state
     verdict = analyze(results, protocol(6, front_cost="state_size", test="t"))
     assert sorted(verdict.front) == ["bad", "small"]  # big: not better than small, and larger
+
+
+def test_failed_confirmation_seeds_are_named_first_not_dropped_silently():
+    """A configuration that diverges on some seeds is ranked on those that finished, which
+    flatters it: the report's first line, the headline and summary.json say so."""
+    rng = np.random.default_rng(6)
+    results = [noisy("steady", 3.0, 5, rng), noisy("fragile", 3.1, 3, rng)]
+    results[1].failed_seeds = {
+        4: "run abc FAILED while training: TrainingDiverged: training loss became nan at step 97; "
+           "lower the learning rate at /x/system.py:156 in training_step.",
+        5: "run def FAILED while training: TrainingDiverged: training loss became nan at step 110"}
+    proto = protocol(5, maximize=False)
+    verdict = analyze(results, proto)
+    assert verdict.failed_seeds == ["fragile: 2 of 5 confirmation seeds failed (seeds 4, 5: "
+                                    "TrainingDiverged: training loss became nan at step 97)"]
+    md = render_markdown(document(results, verdict, proto))
+    top = md.split("\n# ")[0]
+    assert "Failed confirmation seeds: fragile: 2 of 5" in top and "conditional on finishing" in top
+    assert "(fragile: 2 failed)" in md
+    assert summary(results, verdict, proto)["candidates"][1]["failed_seeds"]["5"].endswith("step 110")
+    assert analyze([noisy("a", 1, 3, rng), noisy("b", 2, 3, rng)], protocol(3)).failed_seeds == []

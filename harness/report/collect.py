@@ -59,6 +59,8 @@ class CandidateResult:
     matched: list[str] = field(default_factory=list)
     #: searched values of the best trial in the outer tenth of their range (:func:`range_edges`)
     edges: list[str] = field(default_factory=list)
+    #: confirmation seeds whose run FAILED (diverged, crashed), with the reason
+    failed_seeds: dict[int, str] = field(default_factory=dict)
     # -- filled by verdict.analyze ------------------------------------------------------------
     mean: float = math.nan
     interval: stats.Interval | None = None
@@ -236,6 +238,9 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
             config = config or dict(run.data.params)
         seeds.sort(key=lambda s: s.seed)
+        failed = {int(t.user_attrs[Attr.SEED]): str(t.user_attrs.get(Attr.FAILURE, "failed"))
+                  for t in confirm.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                  if Attr.SEED in t.user_attrs}
         label = " · ".join(c.name for c in (cand.model, cand.model.attention, cand.model.mixer,
                                             cand.model.position) if c is not None)
         results.append(CandidateResult(
@@ -247,7 +252,8 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
             config=config,
             searched=sorted(config_key(k) for k in (best.params if best is not None else {})),
             matched=[widths[cand.name]] if cand.name in widths else [],
-            edges=range_edges(best, skip=widths.get(cand.name)) if best is not None else []))
+            edges=range_edges(best, skip=widths.get(cand.name)) if best is not None else [],
+            failed_seeds=dict(sorted(failed.items()))))
     return results
 
 

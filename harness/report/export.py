@@ -223,7 +223,7 @@ def summary(results: list[CandidateResult], verdict: Verdict, protocol: Protocol
              "cost": r.cost, "params_off_target": r.params_off,
              "by_length": {str(n): v for n, v in r.by_length.items()},
              "tuning": r.tuning, "best_trial": r.best_trial, "best_value": r.best_value,
-             "range_edges": r.edges}
+             "range_edges": r.edges, "failed_seeds": {str(k): v for k, v in r.failed_seeds.items()}}
             for r in (next(x for x in results if x.name == n) for n in verdict.order)
         ],
     })

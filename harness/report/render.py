@@ -178,6 +178,11 @@ def first_line(verdict: Verdict, protocol: Protocol) -> str | None:
     if not verdict.floor.possible and len(verdict.order) - len(verdict.unranked) > 1:
         sentence = verdict.floor.sentence()
         parts.append("Too few seeds: " + sentence[0].upper() + sentence[1:])
+    if verdict.failed_seeds:
+        parts.append("Failed confirmation seeds: " + "; ".join(verdict.failed_seeds) + ". Means, "
+                     "intervals and tests use only the seeds that finished, which flatters a "
+                     "configuration that fails on some seeds: read those candidates' ranks as "
+                     "conditional on finishing.")
     if not protocol.complete:
         parts.append("The study is not complete: the numbers below are partial.")
     return " ".join(parts) or None
@@ -226,9 +231,12 @@ def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
         return verdict_text(results, verdict, protocol)[0]
     best = by_name[verdict.best] if verdict.best else ranked[0]
     n = min(len(r.seeds) for r in ranked)
+    failed = [r for r in ranked if r.failed_seeds]
+    seeds = f"{n} confirmation seed(s)" + (
+        f" ({', '.join(f'{r.name}: {len(r.failed_seeds)} failed' for r in failed)})" if failed else "")
     label = best.interval.label if best.interval is not None else ""
-    head = (f"{protocol.objective}, mean over {n} confirmation seed(s) with its {label} interval: "
-            if label else f"{protocol.objective}, mean over {n} confirmation seed(s): ")
+    head = (f"{protocol.objective}, mean over {seeds} with its {label} interval: "
+            if label else f"{protocol.objective}, mean over {seeds}: ")
     if verdict.resolved and len(verdict.best_group) == 1:
         lead = f"**{best_mean(ranked, verdict)} is best** with {interval(best.mean, best.interval)}."
     elif verdict.resolved:

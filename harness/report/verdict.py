@@ -62,6 +62,8 @@ class Verdict:
     #: (a, b) -> adjusted p-value of the pair, both orders
     adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
     param_notes: list[str] = field(default_factory=list)
+    #: per candidate with failed confirmation seeds: "rwkv6 2 of 5 (seeds 1, 5: ...)"
+    failed_seeds: list[str] = field(default_factory=list)
     #: key -> {candidate: value (with "(searched)" / "(matched)")}, fixed values that differ
     fixed_differences: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -108,6 +110,7 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
                       [r.name for r in order + unranked], [r.name for r in unranked], front,
                       note, adjusted)
     verdict.param_notes = _params(results, protocol)
+    verdict.failed_seeds = [failed_seeds_text(r) for r in results if r.failed_seeds]
     verdict.fixed_differences = fixed_differences(results)
     return verdict
 
@@ -209,6 +212,18 @@ def _front(ranked: list[CandidateResult], protocol: Protocol,
 
 
 # -- parameters --------------------------------------------------------------------------------
+def failed_seeds_text(r: CandidateResult) -> str:
+    """``rwkv6: 2 of 5 confirmation seeds failed (seeds 1, 5: TrainingDiverged: training loss
+    became nan at step 97)``, the first reason shortened."""
+    total = len(r.failed_seeds) + len(r.seeds)
+    first = next(iter(r.failed_seeds.values())).split(" at /")[0].split(";")[0]
+    if "FAILED while training: " in first:
+        first = first.split("FAILED while training: ", 1)[1]
+    seeds = ", ".join(str(s) for s in r.failed_seeds)
+    return (f"{r.name}: {len(r.failed_seeds)} of {total} confirmation seeds failed (seed"
+            f"{'s' if len(r.failed_seeds) > 1 else ''} {seeds}: {first[:160]})")
+
+
 def _params(results: list[CandidateResult], protocol: Protocol) -> list[str]:
     """Achieved parameter counts against the target (or against each other without one)."""
     notes = []
