@@ -215,17 +215,21 @@ def test_a_study_budget_smaller_than_one_step_is_refused_before_anything_runs(tm
         load(path)
 
 
-def test_a_plain_study_takes_a_flop_budget(tmp_path):
+def plain_study(path: Any, budget: dict[str, Any]) -> Any:
+    """STUDY without its scaling section, one size, the given budget, written to ``path``."""
     data = copy.deepcopy(STUDY)
     data.pop("scaling")
     data["candidates"][0]["model"]["params"] |= {"d_model": 16, "heads": 2}
-    data["budget"] = {"trials": 1, "flops": 1e8}
-    path = tmp_path / "plain.yaml"
+    data["budget"] = {"trials": 1, **budget}
     path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_plain_study_takes_a_flop_budget(tmp_path):
+    path = plain_study(tmp_path / "plain.yaml", {"flops": 1e8})
     space = load(path)
     assert space.run_config(space.candidates[0], None, seed=0)["train"]["max_flops"] == 1e8
-    data["budget"] = {"trials": 1, "flops": 1e8, "steps": 10}
-    path.write_text(yaml.safe_dump(data))
+    plain_study(path, {"flops": 1e8, "steps": 10})
     with pytest.raises(ConfigError, match="budget.steps and budget.flops each set the length"):
         load(path)
 
@@ -257,16 +261,10 @@ def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_pat
 
 
 def test_a_seconds_budget_caps_every_run_and_needs_steps(tmp_path):
-    data = copy.deepcopy(STUDY)
-    data.pop("scaling")
-    data["candidates"][0]["model"]["params"] |= {"d_model": 16, "heads": 2}
-    data["budget"] = {"trials": 1, "seconds": 30}
-    path = tmp_path / "wall.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = plain_study(tmp_path / "wall.yaml", {"seconds": 30})
     with pytest.raises(ConfigError, match="budget.seconds needs budget.steps"):
         load(path)
-    data["budget"] = {"trials": 1, "seconds": 30, "steps": 10_000}
-    path.write_text(yaml.safe_dump(data))
+    plain_study(path, {"seconds": 30, "steps": 10_000})
     space = load(path)
     train = space.run_config(space.candidates[0], None, seed=0)["train"]
     assert (train["max_time_s"], train["max_steps"]) == (30, 10_000)

@@ -100,6 +100,8 @@ def test_the_report_states_where_the_rungs_are():
         "successive_halving pruner, rung at 300 of 600 steps (factor 3)")
     assert words({"name": "successive_halving", "reduction_factor": 2}, steps=800) == (
         "successive_halving pruner, rungs at 100, 200 and 400 of 800 steps (factor 2)")
+    assert words({"name": "successive_halving", "min_resource": 600}) == (
+        "successive_halving pruner, no rung before the last step (nothing is pruned)")
     assert words({"name": "none"}) == "no pruner"
     assert words({"name": "median", "startup_trials": 1, "warmup_steps": 50}) == (
         "median pruner from step 50, once 1 trial completed")

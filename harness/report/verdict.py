@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from harness import stats
+from harness.errors import shorten
 from harness.keys import val_key
 from harness.report.collect import CandidateResult, Comparison, Protocol, cost_value
 from harness.study.schema import COSTS, DETERMINED_COSTS
@@ -221,7 +222,7 @@ def failed_seeds_text(r: CandidateResult) -> str:
         first = first.split("FAILED while training: ", 1)[1]
     seeds = ", ".join(str(s) for s in r.failed_seeds)
     return (f"{r.name}: {len(r.failed_seeds)} of {total} confirmation seeds failed (seed"
-            f"{'s' if len(r.failed_seeds) > 1 else ''} {seeds}: {first[:160]})")
+            f"{'s' if len(r.failed_seeds) > 1 else ''} {seeds}: {shorten(first, 160)})")
 
 
 def _params(results: list[CandidateResult], protocol: Protocol) -> list[str]:

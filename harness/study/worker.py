@@ -30,7 +30,7 @@ from harness.study.progress import (
     reconcile,
     settle_parent,
 )
-from harness.study.rungs import first_rung
+from harness.study.rungs import budget_steps, first_rung
 from harness.study.schema import COSTS, StudyConfig
 from harness.study.space import StudySpace
 from harness.study.storage import (
@@ -62,7 +62,7 @@ def make_pruner(config: StudyConfig) -> Any:
     if p.name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials,
                                            n_warmup_steps=p.warmup_steps)
-    steps = config.budget.steps if config.budget.currency == "steps" else None
+    steps = budget_steps(config)
     if p.name == "successive_halving":
         # asynchronous successive halving (Li et al. 2020): a trial passes rung k (first rung
         # x factor^k steps) only in the top 1/factor of the trials that reached it; Optuna
