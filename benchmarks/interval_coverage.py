@@ -6,7 +6,7 @@ For each sample size n and each population (normal; accuracy-like, left-skewed n
 ceiling; loss-like, right-skewed; heavy-tailed), draws ``reps`` samples of n values and
 counts how often the 95% interval of the mean covers the population mean: Student t
 (``scipy.stats.t.interval``) and BCa bootstrap (``scipy.stats.bootstrap(method="BCa")``).
-The report uses Student t below ``harness.stats.BCA_MIN_N`` seeds and BCa from there on;
+The report uses Student t below ``harness.report.stats.BCA_MIN_N`` seeds and BCa from there on;
 the table recorded in ``benchmarks/interval_coverage.md`` is the evidence for that switch.
 """
 

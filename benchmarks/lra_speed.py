@@ -11,7 +11,7 @@ pooling, LRA's MLP classifier), draws the task's examples, and times full traini
 (forward, cross-entropy, backward, AdamW) on one batch: the median over at least
 ``--min-time`` seconds, after one warm-up step. Reported: training tokens per second (batch x
 padded width / median step) and the peak tensor memory of one step (parameters, gradients,
-optimiser state, activations: :class:`harness.memory.TensorMemory`). A candidate that fails,
+optimiser state, activations: :class:`harness.runtime.memory.TensorMemory`). A candidate that fails,
 runs out of memory or passes ``--timeout`` is a row with the reason, never a missing row.
 Writes a new dated record (``benchmarks/lra_speed_<device>_<date>.md``) with the machine, its
 load and the command.
@@ -69,7 +69,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     import harness
     from harness.data.formats import CLASSIFICATION
-    from harness.memory import MB, TensorMemory, tensors_in
+    from harness.runtime.memory import MB, TensorMemory, tensors_in
 
     torch.set_num_threads(1)
     task_name, task_params, model_params, batch = SETTINGS[job["setting"]]
@@ -173,7 +173,7 @@ def main() -> None:
     text += ("\nA shared 2-core machine: other sessions' processes compete for the cores (the load "
              "above), so absolute numbers are slower than on an idle machine; every candidate of a "
              "setting ran under about the same load, one after the other. Peak tensor MB counts the "
-             "storages operations return (harness.memory.TensorMemory): a fused kernel's internal "
+             "storages operations return (harness.runtime.memory.TensorMemory): a fused kernel's internal "
              "workspace is not seen.\n" + "\n".join(body) + "\n")
     common.write_record(common.record_path(args.output, "lra_speed", "cpu", started), text)
 

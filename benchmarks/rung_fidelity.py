@@ -38,7 +38,7 @@ def main() -> None:
     from mlflow.tracking import MlflowClient
 
     import harness
-    from harness.tracking import tracking_uri
+    from harness.store.tracking import tracking_uri
     from harness.yaml_io import parse_value, read_yaml
 
     base = read_yaml(args.config)

@@ -86,11 +86,11 @@ def recorded_train(config: Any, *, registry: Any = None, parent_run_id: str | No
                    callbacks: Any = None, extra_tags: dict[str, str] | None = None,
                    resume: Any = None) -> Any:
     """What ``harness.run.pipeline.train`` records for a finished run, without training."""
-    from harness import tracking
     from harness.keys import Metric, val_key
     from harness.run.pipeline import RunResult, as_config
     from harness.run.plan import plan
     from harness.run.record import default_run_name, provenance_tags
+    from harness.store import tracking
 
     cfg = as_config(config)
     p = plan(cfg, registry)

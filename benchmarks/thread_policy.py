@@ -7,7 +7,7 @@ in each arrangement, every run in its own process with ``OMP_WAIT_POLICY=PASSIVE
 
 - ``1 worker x 2 threads``: the two runs one after the other, ``train.num_threads = 2``;
 - ``2 workers x 1 thread``: the two runs at the same time, ``train.num_threads = 1`` each
-  (what ``harness.threads`` gives two local workers on 2 cores).
+  (what ``harness.runtime.threads`` gives two local workers on 2 cores).
 
 Measured: the wall time of the two runs (the study's throughput: trials per hour follow from
 it) and each run's ``cost/train_tokens_per_s``. The arrangements alternate ``--repeats``

@@ -27,8 +27,7 @@ def main() -> None:
 
     from harness.config import parse_run_config
     from harness.run.flops import probe
-    from harness.run.pipeline import load_registry
-    from harness.run.plan import plan
+    from harness.run.plan import load_registry, plan
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--d-model", type=int, default=64)

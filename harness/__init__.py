@@ -23,8 +23,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import ConfigError
-from harness.hookspecs import hookimpl
-from harness.registry import AttentionSpec, ModelSpec, PositionSpec, Registry, Spec, TaskSpec
+from harness.registry.hookspecs import hookimpl
+from harness.registry.specs import AttentionSpec, ModelSpec, PositionSpec, Registry, Spec, TaskSpec
 
 if TYPE_CHECKING:
     from harness.data.tasks import Task
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 def load_plugins(*files: str | os.PathLike[str], plugins: Any = (), **kwargs: Any) -> Registry:
     """Load every plugin (entry points, local ``files``, in-process ``plugins``)."""
-    from harness import loader
+    from harness.registry import loader
 
     return loader.load(files, plugins=plugins, **kwargs)
 
@@ -114,8 +114,8 @@ def train(config: Any = None, *, verbose: bool | None = None, **kwargs: Any) -> 
     As quiet as ``harness train``: MLflow's and Lightning's INFO lines, tips and internal
     warnings are kept off for the call; ``verbose=True`` (or ``HARNESS_VERBOSE=1``) lets
     them through."""
-    from harness.noise import quieted
     from harness.run.pipeline import train as _train
+    from harness.runtime.noise import quieted
 
     with quieted(verbose):
         return _train(config, **kwargs)
@@ -137,8 +137,8 @@ def study_runs(study: str, storage: str | None = None, tracking_uri: str | None 
     status, objective, costs, ``params.*``, ``metrics.*``); see
     :func:`harness.report.notebook.study_runs`. ``storage``: the study's Optuna storage URL
     (default: the one in ``$HARNESS_HOME``)."""
-    from harness.noise import quieted
     from harness.report.notebook import study_runs as _runs
+    from harness.runtime.noise import quieted
 
     with quieted(verbose):
         return _runs(study, storage, tracking_uri)
@@ -148,8 +148,8 @@ def study_summary(study: str, storage: str | None = None, tracking_uri: str | No
                   verbose: bool | None = None) -> dict[str, Any]:
     """The numbers of a study's report (ranks, best group, intervals, comparisons, front) as a
     dict; see :func:`harness.report.notebook.study_summary`."""
-    from harness.noise import quieted
     from harness.report.notebook import study_summary as _summary
+    from harness.runtime.noise import quieted
 
     with quieted(verbose):
         return _summary(study, storage, tracking_uri)

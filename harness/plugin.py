@@ -76,22 +76,9 @@ from harness.data.labelled import (
     where,
 )
 from harness.data.prepare import prepare as prepare_corpus
-from harness.data.tasks import (
-    BOS,
-    EOS,
-    PAD,
-    SEP,
-    Example,
-    Task,
-    TaskConfig,
-    TaskInfo,
-    Vocab,
-    lm_windows,
-)
-from harness.decoding import edit_distance, greedy, greedy_steps
+from harness.data.tasks import Task, TaskConfig, TaskInfo, lm_windows
+from harness.data.vocab import BOS, EOS, PAD, SEP, Example, Vocab
 from harness.errors import ConfigError, MissingDataError, PluginError
-from harness.hookspecs import hookimpl
-from harness.listing import cache_dir
 from harness.nn import banded, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
@@ -113,6 +100,7 @@ from harness.nn.blocks import (
     make_norm,
 )
 from harness.nn.both_ways import BothWays, reverse_rows
+from harness.nn.decoding import edit_distance, greedy, greedy_steps
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
@@ -124,7 +112,9 @@ from harness.nn.running_sums import (
 )
 from harness.nn.ssm import DiagonalSSM, DiagonalSSMConfig, causal_fft_conv, compute_dtype
 from harness.params import Choice, FloatRange, IntRange, NoParams
-from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
+from harness.registry.hookspecs import hookimpl
+from harness.registry.specs import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
+from harness.runtime.cache import cache_dir
 
 __all__ = [
     # shared numerics of the built-in mixers (modules): banded attention blocks, chunked linear

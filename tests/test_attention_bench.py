@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
 from harness.bench import attention as bench
+from harness.cli import main as cli
 
 
 def job(variant: str, length: int = 24) -> dict:

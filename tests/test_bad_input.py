@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.config import RunConfig, load_run_config
 from harness.errors import ConfigError
 from harness.study.schema import StudyConfig, parse_study_config
@@ -301,7 +301,7 @@ def _plugin_params() -> list[tuple[str, str, type, Any]]:
     """(kind, component, config class, Param) of every declared parameter of every plugin."""
     import harness
     from harness.params import declared_params
-    from harness.registry import KINDS
+    from harness.registry.specs import KINDS
 
     registry = harness.load_plugins()
     out = []
@@ -346,7 +346,7 @@ def test_every_plugin_parameter_refuses_what_cannot_be_meant(param, value):
 @pytest.fixture(scope="module")
 def store_file(tmp_path_factory) -> Path:
     """A real MLflow SQLite store with a few runs, params and metrics (no training)."""
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     path = tmp_path_factory.mktemp("fuzz-store") / "mlflow.db"
     tracker = Tracker(f"sqlite:///{path}")
@@ -367,7 +367,7 @@ def test_a_damaged_store_is_refused_or_still_whole(store_file, tmp_path, cut, sp
     every run is still there (a damaged store is never opened, so never replaced)."""
     import sqlite3
 
-    from harness.store_guard import StoreError, check_sqlite
+    from harness.store.guard import StoreError, check_sqlite
 
     data = bytearray(store_file.read_bytes())
     if how in ("overwrite", "zero", "both"):
@@ -394,7 +394,7 @@ PASSWORD = st.text(alphabet=st.sampled_from(list("abcXYZ019/:?#%&=+;,!$'()*[]~-.
 def test_no_password_survives_masking(password, scheme):
     """Any password a URL can carry (raw '/', '?', '#', ':' and '@' included) is masked in the
     URL alone and inside a sentence, and the host and database stay readable."""
-    from harness.masking import mask_text
+    from harness.store.masking import mask_text
 
     url = f"{scheme}://user:{password}@db.example:5432/name"
     shown = f"{scheme}://user:***@db.example:5432/name"

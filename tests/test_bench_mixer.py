@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from harness import cli
 from harness.bench import attention, decode, mixer
-from harness.loader import load
+from harness.cli import main as cli
+from harness.registry.loader import load
 
 REGISTRY = load()
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import harness
-from harness import cli
 from harness.bench import model as bench
+from harness.cli import main as cli
 
 SMALL = {
     "task": {"name": "char_lm", "params": {"length": 16, "num_train": 64, "num_val": 2}},

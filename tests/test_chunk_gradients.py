@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from harness.loader import load
+from harness.registry.loader import load
 
 PER_CHUNK = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "AsStridedBackward0")
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from servers import free_port, wait_until_healthy
 
-from harness.cli import main
+from harness.cli.main import main
 
 HEAVY = ("torch", "lightning", "mlflow", "optuna", "pydantic")
 
@@ -27,7 +27,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -
 @pytest.mark.parametrize("argv", [["--help"], ["list"], ["list", "--verbose"]])
 def test_help_and_a_repeated_list_import_nothing_heavy(argv):
     code = (
-        "import sys\nfrom harness.cli import main\n"
+        "import sys\nfrom harness.cli.main import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
@@ -166,7 +166,7 @@ def test_train_prints_no_library_chatter_unless_verbose(tmp_path):
     """Issue 11: no "GPU available" lines, no Lightning tips, no MLflow INFO lines (a check
     that re-enabled logging once let them all back)."""
     env = {**os.environ, "HARNESS_HOME": str(tmp_path / ".harness"), "OMP_WAIT_POLICY": "PASSIVE"}
-    args = [sys.executable, "-c", "import sys; from harness.cli import main; sys.exit(main())", "train", "--task", "copy", "--model", "transformer",
+    args = [sys.executable, "-c", "import sys; from harness.cli.main import main; sys.exit(main())", "train", "--task", "copy", "--model", "transformer",
             "--max-steps", "2", "--no-progress", "--set", "train.num_threads=1"]
     quiet = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert quiet.returncode == 0, quiet.stderr

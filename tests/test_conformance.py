@@ -35,7 +35,7 @@ from harness.plugin import (
     TaskSpec,
     Vocab,
 )
-from harness.registry import KINDS
+from harness.registry.specs import KINDS
 from harness.testing.core import EXEMPT, FAIL, PASS, run_checks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_every_kind_has_a_check_class():
 
 # -- the reference's examples pass the kit ----------------------------------------------------
 def example_classes() -> dict[str, type]:
-    from harness.loader import import_file
+    from harness.registry.loader import import_file
 
     out = {}
     for path in EXAMPLES:
@@ -264,7 +264,7 @@ LEAKY_FILE = (
 
 
 def test_check_prints_a_table_per_component_and_exits_1_on_a_failure(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     plugin = tmp_path / "leaky.py"
     plugin.write_text(LEAKY_FILE)
@@ -281,7 +281,7 @@ def test_check_prints_a_table_per_component_and_exits_1_on_a_failure(tmp_path, c
 
 
 def test_check_by_name_kind_and_all(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["check", "parity_nope"]) == 2
     assert main(["check", "multi_head", "--check", "causalty"]) == 2

@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from harness.memory import PeakMemory, reset_peak_rss
+from harness.runtime.memory import PeakMemory, reset_peak_rss
 
 pytestmark = pytest.mark.skipif(not reset_peak_rss(), reason="needs /proc/self/clear_refs (Linux)")
 

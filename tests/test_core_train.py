@@ -16,12 +16,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import loader, tracking
 from harness.config import parse_run_config
 from harness.data.formats import LM
 from harness.errors import ConfigError, IncompatibleError
-from harness.registry import AttentionSpec, ModelSpec, PositionSpec
+from harness.registry import loader
+from harness.registry.specs import AttentionSpec, ModelSpec, PositionSpec
 from harness.run.plan import plan
+from harness.store import tracking
 
 TINY: dict[str, Any] = {
     "task": {"name": "copy", "params": {"length": 5, "vocab": 4, "num_train": 256, "num_val": 64,

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness import devices
 from harness.data.formats import LM
 from harness.keys import Metric
-from harness.memory import PeakMemory
 from harness.run import batches
 from harness.run.meters import StepProbe
 from harness.run.system import HarnessDataModule
+from harness.runtime import devices
+from harness.runtime.memory import PeakMemory
 
 CUDA = torch.device("cuda", 0)
 

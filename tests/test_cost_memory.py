@@ -13,7 +13,7 @@ from cost_models import BigramPlugin
 
 import harness
 from harness.keys import Metric
-from harness.memory import TensorMemory
+from harness.runtime.memory import TensorMemory
 
 MiB = 2**20
 

@@ -14,10 +14,10 @@ from cost_models import Bigram, BigramPlugin
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import tracking
 from harness.keys import Metric
 from harness.run import fit
 from harness.run.system import CompileFailed
+from harness.store import tracking
 
 VOCAB = 4 + 4  # copy's 4 symbols after the 4 special tokens
 TASK = {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 64, "num_val": 16,

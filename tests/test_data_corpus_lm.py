@@ -259,7 +259,7 @@ def test_a_candidates_bad_task_params_fail_validation(tmp_path, registry, task, 
 
 @pytest.mark.slow
 def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, registry, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
     path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
@@ -272,7 +272,7 @@ def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, reg
 
 
 def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     (tmp_path / "raw").mkdir()
     code = main(["train", "--task", "corpus_lm", "--model", "transformer", "--max-steps", "1", "--no-progress",

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.data.corpus import FORMAT_VERSION, MANIFEST, open_corpus, window_starts
 from harness.data.prepare import prepare, split_of
 from harness.data.tokenizers import EOD_ID, ByteTokenizer
@@ -245,7 +245,7 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch, fil
 
 def test_the_cli_prints_a_summary_and_never_imports_torch(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", make_docs(30))
-    code = ("import sys; from harness.cli import main; rc = main(['data', 'prepare', 'a.jsonl', "
+    code = ("import sys; from harness.cli.main import main; rc = main(['data', 'prepare', 'a.jsonl', "
             "'--tokenizer', 'bytes', '--out', 'out', '--workers', '1']); "
             "assert 'torch' not in sys.modules, 'prepare imported torch'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)

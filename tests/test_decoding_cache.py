@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.bench import decode
-from harness.loader import load
+from harness.registry.loader import load
 
 REGISTRY = load()
 ARCHS = decode.architectures(REGISTRY)

@@ -17,7 +17,7 @@ import pytest
 import harness
 from harness.data.formats import collate
 from harness.data.tasks import lm_windows
-from harness.registry import ModelSpec
+from harness.registry.specs import ModelSpec
 
 STREAM = list(range(1000, 1100))  # token value = 1000 + its index in the stream
 
@@ -142,7 +142,7 @@ class FlatLMPlugin:
 @pytest.fixture(scope="module")
 def finished_runs(tmp_path_factory):
     """Each run of RUNS trained once into one store: (client, {name: RunResult})."""
-    from harness import tracking
+    from harness.store import tracking
 
     root = tmp_path_factory.mktemp("extrapolation")
     with pytest.MonkeyPatch.context() as mp:

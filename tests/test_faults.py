@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from test_study import record, tiny_study, trials
 
-from harness.cli import main
+from harness.cli.main import main
 
 FAULTY = str(Path(__file__).with_name("faulty_plugin.py"))
 TINY_TRAIN = ["--task", "copy", "--model", "transformer", "--set", "model.params.d_model=16",
@@ -248,7 +248,7 @@ def test_path_escaping_experiment_names_are_refused(name, capsys):
 
 @pytest.mark.parametrize("name", ["../../../x", "/abs/x", "..", ".", "a/../../b", "..\\x", "~root", "x\ny"])
 def test_no_name_makes_a_folder_outside_the_store(tmp_path, name):
-    from harness.tracking import inside, safe_folder
+    from harness.store.tracking import inside, safe_folder
 
     path = inside(tmp_path, name)
     assert path.parent == tmp_path.resolve() and path.name == safe_folder(name)

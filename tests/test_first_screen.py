@@ -18,8 +18,8 @@ import pytest
 import scipy.stats
 from test_report import candidate, protocol
 
-from harness import scaffold
-from harness.cli import main
+from harness.cli import scaffold
+from harness.cli.main import main
 from harness.errors import HarnessError
 from harness.keys import Attr
 from harness.report.document import document
@@ -110,8 +110,8 @@ def test_the_verdict_paragraph_says_which_by_how_much_and_how_sure():
 def test_the_front_figure_title_fits_and_no_point_hides_another(tmp_path, monkeypatch):
     """Candidates of equal cost (two position schemes at the same parameter count) are drawn
     side by side, each with its own marker; the title is wrapped inside the figure."""
-    from harness import plots
     from harness.report import figures
+    from harness.run import plots
 
     kept = []
     monkeypatch.setattr(figures, "save_figure", lambda fig, path, dpi=110: kept.append(fig) or Path(path))
@@ -303,7 +303,7 @@ def test_open_without_a_display_prints_instead_of_starting_a_text_browser(monkey
     ends with it, on laptops and on remote machines alike)."""
     import webbrowser
 
-    from harness import ui
+    from harness.cli import ui
 
     opened = []
     monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url))

@@ -16,8 +16,7 @@ from harness.config import parse_run_config
 from harness.errors import ConfigError
 from harness.keys import Metric
 from harness.run import flops
-from harness.run.pipeline import load_registry
-from harness.run.plan import plan
+from harness.run.plan import load_registry, plan
 
 VOCAB = 65  # char_lm's alphabet
 
@@ -122,8 +121,8 @@ def test_a_token_budget_sets_the_steps():
 
 
 def test_a_flop_budget_smaller_than_one_step_is_refused_before_anything_runs(tmp_path):
-    from harness import tracking
     from harness.run.pipeline import train
+    from harness.store import tracking
 
     with pytest.raises(ConfigError, match="smaller than one training step: one step costs"):
         train(run_config(32, 1, 32, 2, max_flops=1e3))
@@ -236,7 +235,7 @@ def test_a_plain_study_takes_a_flop_budget(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = tmp_path / "report"
     assert main(["study", "run", str(study(tmp_path)), "--report", "--out", str(out),

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import harness
-from harness.cli import main
+from harness.cli.main import main
 from harness.errors import ConfigError, HarnessError
 from harness.run import trained as t
 from harness.run.pipeline import train

@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from harness import devices
 from harness.keys import Metric
+from harness.runtime import devices
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]

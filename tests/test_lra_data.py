@@ -10,7 +10,7 @@ from harness_plugins.tasks.lra_retrieval import LraRetrievalConfig, LraRetrieval
 from harness_plugins.tasks.lra_text import LraTextConfig, LraTextTask
 
 import harness
-from harness.data.tasks import SEP
+from harness.data.vocab import SEP
 from harness.errors import ConfigError, MissingDataError
 
 FIRST = 4  # the first symbol id after the specials
@@ -125,7 +125,7 @@ def test_image_refuses_files_that_are_not_cifar_binary(tmp_path):
 
 @pytest.mark.slow  # ~10 s: the CLI loads the training stack before it builds the task
 def test_a_missing_copy_is_a_clean_cli_error(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     code = main(["train", "--task", "lra_image", "--model", "transformer",
                  "--set", f"task.params.data_dir={tmp_path}"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import harness
-from harness.data.tasks import PAD, SEP
+from harness.data.vocab import PAD, SEP
 from harness.errors import ConfigError
 
 VOCAB = 12

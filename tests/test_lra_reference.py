@@ -64,7 +64,7 @@ def test_the_data_studies_validate_in_every_profile(path, tmp_path):
                                                                 for s in ("train", "val", "test")}),
             "lra_image": lambda: make_cifar(tmp_path / "cifar", 2, np.random.default_rng(0)) and tmp_path / "cifar"}
     folder = data[path.stem]()
-    from harness.stats import resolution_floor
+    from harness.report.stats import resolution_floor
 
     for name in yaml.safe_load(path.read_text())["profiles"]:
         cfg = load_study_config(path, profile=name, overrides=[f"task.params.data_dir={folder}"])

@@ -516,7 +516,7 @@ E2E = {
 def test_each_variant_trains_end_to_end(registry, name):
     from mlflow.tracking import MlflowClient
 
-    from harness import tracking
+    from harness.store import tracking
 
     result = harness.train(e2e_config(E2E[name]), registry=registry)
     assert result.status == "FINISHED"

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import tracking
 from harness.errors import IncompatibleError
 from harness.nn.linear_recurrence import chunked_delta_rule, chunked_linear_attention
+from harness.store import tracking
 
 NAMES = ("retnet", "gla", "deltanet", "gated_deltanet")
 D_MODEL, HEADS, LENGTH = 16, 2, 12

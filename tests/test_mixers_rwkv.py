@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from test_attention_reference import LargestTensor  # one home for the memory probe
 
 import harness
-from harness import tracking
+from harness.store import tracking
 
 F64 = torch.float64
 D = 16

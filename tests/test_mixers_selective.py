@@ -16,8 +16,8 @@ from harness_plugins.mixers.mamba2 import Mamba2, Mamba2Config, ssd
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import tracking
 from harness.errors import IncompatibleError
+from harness.store import tracking
 
 F64 = torch.float64
 L = 12

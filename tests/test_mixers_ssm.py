@@ -283,7 +283,7 @@ def test_the_mixers_are_listed_with_their_declarations(registry):
 def test_an_ssm_transformer_learns_associative_recall(registry):
     from mlflow.tracking import MlflowClient
 
-    from harness import tracking
+    from harness.store import tracking
 
     task = {"name": "associative_recall",
             "params": {"length": 16, "num_kv_pairs": 2, "vocab": 12, "num_train": 256, "num_val": 32,

@@ -15,12 +15,12 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import tracking
 from harness.config import parse_run_config
 from harness.data.tasks import TaskInfo
 from harness.errors import ConfigError, IncompatibleError
 from harness.run.build import build_model
 from harness.run.plan import plan
+from harness.store import tracking
 from harness.study.schema import parse_study_config
 from harness.study.space import validate
 

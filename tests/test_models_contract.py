@@ -11,7 +11,7 @@ import torch
 
 import harness
 import harness.errors
-from harness.data.tasks import BOS, EOS, PAD
+from harness.data.vocab import BOS, EOS, PAD
 from harness.errors import ConfigError
 
 VOCAB = 12

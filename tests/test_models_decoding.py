@@ -15,8 +15,8 @@ import torch
 
 import harness
 from harness.data.formats import FORMATS, as_lm, collate
-from harness.data.tasks import BOS, EOS, PAD, SEP
-from harness.decoding import beam_search, edit_distance, greedy
+from harness.data.vocab import BOS, EOS, PAD, SEP
+from harness.nn.decoding import beam_search, edit_distance, greedy
 from harness.run.system import scheduled_sampling
 
 VOCAB = 6  # four specials and two symbols: small enough to enumerate every output

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import harness
 from harness.data.formats import FORMATS, collate
-from harness.data.tasks import Vocab
+from harness.data.vocab import Vocab
 
 NUM_SYMBOLS = 8
 VOCAB = Vocab(tuple(f"s{i}" for i in range(NUM_SYMBOLS)))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import harness
-from harness.data.tasks import PAD
+from harness.data.vocab import PAD
 
 VOCAB = 11
 

@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness import tracking
+from harness.store import tracking
 
 
 def reverse_run(model: str, attention: str, params: dict, steps: int, **train) -> dict:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import scaffold
-from harness.cli import main
+from harness.cli import scaffold
+from harness.cli.main import main
 
 KINDS = ("attention", "mixer", "position", "model", "task")
 

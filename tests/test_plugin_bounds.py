@@ -25,7 +25,7 @@ import harness
 from harness.config import parse_run_config
 from harness.errors import ConfigError
 from harness.params import declared_params, resolve
-from harness.registry import KINDS
+from harness.registry.specs import KINDS
 from harness.run.build import build_model, build_task, task_info
 from harness.run.plan import plan
 

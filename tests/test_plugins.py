@@ -16,10 +16,10 @@ from typing import Annotated, Any
 import pytest
 
 import harness
-from harness import hookspecs, loader
 from harness.errors import PluginError, UnknownNameError
 from harness.params import IntRange
-from harness.registry import KINDS, TaskSpec
+from harness.registry import hookspecs, loader
+from harness.registry.specs import KINDS, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_plugin_raising_inside_its_hook_registers_nothing(tmp_path):
     path = tmp_path / "half.py"
     path.write_text(textwrap.dedent("""
         import harness
-        from harness.registry import TaskSpec
+        from harness.registry.specs import TaskSpec
 
         @harness.hookimpl
         def harness_register_task(register):
@@ -200,7 +200,7 @@ def test_allow_list_deny_list_and_no_autoload(monkeypatch, tmp_path):
     local = tmp_path / "only_local.py"
     local.write_text(textwrap.dedent("""
         import harness
-        from harness.registry import TaskSpec
+        from harness.registry.specs import TaskSpec
 
         @harness.hookimpl
         def harness_register_task(register):

@@ -18,7 +18,7 @@ import torch
 import harness
 from harness.errors import ConfigError, IncompatibleError
 from harness.params import FloatRange
-from harness.registry import PositionSpec
+from harness.registry.specs import PositionSpec
 from harness.run.plan import check_pairing
 
 VOCAB, LENGTH = 12, 8

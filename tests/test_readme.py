@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from harness.config import parse_run_config
-from harness.run.pipeline import load_registry
-from harness.run.plan import plan
+from harness.run.plan import load_registry, plan
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 RUN_CONFIGS = [block for block in re.findall(r"```yaml\n(.*?)```", README, re.S)

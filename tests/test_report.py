@@ -320,9 +320,9 @@ def test_golden_study_says_what_the_values_show():
 # -- figures -----------------------------------------------------------------------------------
 @pytest.fixture
 def captured(monkeypatch, tmp_path):
-    """The figures harness.plots draws, kept open for inspection instead of saved."""
-    from harness import plots
+    """The figures harness.run.plots draws, kept open for inspection instead of saved."""
     from harness.report import figures  # imported first: it binds save_figure at import
+    from harness.run import plots
 
     figs = []
 
@@ -357,7 +357,7 @@ def test_extrapolation_figure_ticks_every_length_and_bands(captured, tmp_path):
 def test_attention_maps_are_labelled_on_the_outer_panels(captured, tmp_path):
     """Keys are labelled under the last layer's row, queries left of the first head's column;
     inner panels carry no tick labels (they are most of a figure's drawing time)."""
-    from harness.plots import attention_maps
+    from harness.run.plots import attention_maps
 
     maps = [np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 4)) for _ in range(2)]
     attention_maps(maps, tmp_path / "a.png", title="run", tokens=["a", "b", "c", "d"], text="a b c d")
@@ -378,7 +378,7 @@ def test_long_attention_maps_label_every_kth_token_in_a_bounded_figure(captured,
     """At 200 tokens a map labels every 7th (at most LABELLED = 32 labels an axis) and its
     panels stay the size of 32 labelled tokens: rendering the figure is part of every run's
     fixed cost."""
-    from harness.plots import LABELLED, attention_maps
+    from harness.run.plots import LABELLED, attention_maps
 
     n = 200
     tokens = [f"t{i}" for i in range(n)]

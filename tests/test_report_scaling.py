@@ -109,7 +109,7 @@ def test_the_exports_carry_the_same_numbers():
 
 
 def test_an_untuned_study_says_so_first():
-    from harness import stats
+    from harness.report import stats
     from harness.report.collect import Protocol
     from harness.report.verdict import Verdict
 

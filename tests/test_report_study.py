@@ -15,7 +15,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import harness
-from harness.cli import main
+from harness.cli.main import main
 
 MODEL = {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16, "ffn_mult": 2},
          "search_declared": False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.run.pipeline import train
 
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.errors import HarnessError, Interrupted
 from harness.run import checkpoint
 from harness.run.pipeline import train

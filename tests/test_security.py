@@ -8,9 +8,9 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.cli import main
-from harness.masking import mask_text, mask_url, split_credentials
-from harness.tracking import Tracker
+from harness.cli.main import main
+from harness.store.masking import mask_text, mask_url, split_credentials
+from harness.store.tracking import Tracker
 
 SECRET = "s3cr:t@pw"
 

@@ -1,4 +1,4 @@
-"""harness.stats against independent computations on random samples: brute-force sign
+"""harness.report.stats against independent computations on random samples: brute-force sign
 enumeration, the t formulas written out, Efron's BCa from its equations, Holm's procedure as
 stated, pair counting for P(X > Y) and Monte Carlo power."""
 
@@ -13,7 +13,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import stats
+from harness.report import stats
 
 FINITE = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
 SMALL = settings(max_examples=40, deadline=None)

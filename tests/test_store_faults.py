@@ -25,8 +25,8 @@ from mlflow.tracking import MlflowClient
 from test_study import tiny_study
 from test_study_workers import postgres_url  # noqa: F401  (the PostgreSQL fixture)
 
-from harness.cli import main
-from harness.store_guard import StoreError, check_sqlite, explain
+from harness.cli.main import main
+from harness.store.guard import StoreError, check_sqlite, explain
 
 FAULTY = str(Path(__file__).with_name("faulty_plugin.py"))
 TINY = ["--task", "copy", "--model", "transformer", "--set", "model.params.d_model=16",
@@ -252,7 +252,7 @@ SPECIAL = ["sl/ash", "a/b/c", "q?x#y", "p%2Fq", "at@sign/slash", "col:on/x"]
 
 @pytest.mark.parametrize("password", SPECIAL)
 def test_a_password_with_url_special_characters_is_masked(password):
-    from harness.masking import mask_text
+    from harness.store.masking import mask_text
 
     url = f"postgresql+psycopg://user:{password}@127.0.0.1:5432/db"
     for text in (url, f"storage {url} is down", f"(`--storage {url}`)"):
@@ -263,7 +263,7 @@ def test_a_password_with_url_special_characters_is_masked(password):
 def test_a_raw_slash_password_is_masked_in_what_mlflow_records(tmp_path):
     import json
 
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     storage = "postgresql+psycopg://user:sl/ash@127.0.0.1:5432/db"
@@ -513,7 +513,7 @@ def test_runs_keep_their_artifacts_under_the_store(harness_home, tmp_path):
 def test_a_database_store_gets_explicit_artifact_locations(harness_home, monkeypatch):
     """Any database URI (PostgreSQL in the slow tests) gets the same explicit location; with
     HARNESS_ARTIFACT_URI, under that URI."""
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     tracker = Tracker("postgresql://u@db.example/x")
     assert tracker.artifact_location("e") == (harness_home / "artifacts" / "e").resolve().as_uri()

@@ -1,5 +1,5 @@
 """Processes that open the same empty store at the same moment: the schema is created once and
-every one of them works (``harness.schema_lock``). Real processes, released together by a
+every one of them works (``harness.store.lock``). Real processes, released together by a
 file once each has imported everything, on the default SQLite stores of a new project."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys, time
 from pathlib import Path
 import torch, mlflow, optuna, lightning, sqlalchemy  # imported before the start line
 from mlflow.store.tracking import sqlalchemy_store  # noqa: F401
-from harness.cli import main
+from harness.cli.main import main
 
 folder, me = Path(sys.argv[1]), sys.argv[2]
 (folder / f"ready-{me}").touch()

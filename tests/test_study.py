@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from servers import free_port, wait_until_healthy
 
-from harness.cli import main
+from harness.cli.main import main
 
 CANDIDATE = {
     "name": "mha",

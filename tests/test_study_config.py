@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import harness
-from harness.cli import main
+from harness.cli.main import main
 from harness.config import parse_run_config
 from harness.errors import ConfigError
 from harness.params import Choice, FloatRange, IntRange

@@ -90,10 +90,9 @@ def test_the_worker_loop_counts_and_claims_without_loading_every_trial(tmp_path:
     a slot loads all of a study's trials (``get_all_trials``, whose cost grows per trial)."""
     import yaml
 
-    from harness.cli import main
+    from harness.cli.main import main
     from harness.keys import Phase
-    from harness.study.counts import slot_progress
-    from harness.study.progress import progress
+    from harness.study.progress import progress, slot_progress
     from harness.study.storage import claim_slot, open_storage, open_study
 
     data = {"name": "counted", "task": {"name": "copy", "params": {"length": 4, "vocab": 4}},

@@ -94,7 +94,7 @@ def test_extra_workers_die_when_the_command_is_killed(tmp_path, harness_home):
 
 
 def test_workers_out_of_range_is_a_usage_error(tmp_path):
-    from harness.cli import main
+    from harness.cli.main import main
 
     for bad in ("0", "-1", "two", "65"):
         with pytest.raises(SystemExit) as exc:

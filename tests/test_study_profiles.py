@@ -52,7 +52,7 @@ def test_every_shipped_study_validates_in_every_profile(path):
 def test_every_shipped_profile_confirms_with_seeds_its_test_can_resolve(path):
     """A shipped profile never confirms with too few seeds for its test to reach its level
     after the Holm correction over every pair of candidates (the report's family)."""
-    from harness.stats import resolution_floor
+    from harness.report.stats import resolution_floor
 
     for name in yaml.safe_load(path.read_text()).get("profiles") or {}:
         cfg = load_study_config(path, profile=name)
@@ -82,7 +82,7 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
     tiny: every slot of every candidate completes and the report is written."""
     import json
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     data = yaml.safe_load(path.read_text())
     data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"] or {}, TINY_RUN)
@@ -105,7 +105,7 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
 def test_study_create_prints_a_run_command_with_the_same_profile_and_overrides(tmp_path, capsys):
     """The command `study create` suggests runs the study it created: same profile and --set
     values (without them a worker on a CPU machine would run the cpu profile instead)."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     path = tmp_path / "mine.yaml"
     study = yaml.safe_load(STUDIES[0].read_text())

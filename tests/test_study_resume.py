@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from test_study import tiny_study, trials
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.run import checkpoint
 from harness.run.checkpoint import PREEMPTED_EXIT
 from harness.run.pipeline import train

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from servers import free_port
 from test_study import mlflow_server  # noqa: F401 (a fixture)
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.study.storage import phase_study_name
 
 PG_BIN = Path(os.environ.get("HARNESS_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -124,7 +124,7 @@ RACER = r"""
 import json, sys, time
 from pathlib import Path
 import torch, optuna, mlflow, sqlalchemy, psycopg  # imported before the start line
-from harness.cli import main
+from harness.cli.main import main
 from harness.study import cli as _study_cli, storage as _storage, worker as _worker
 
 folder, me, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])

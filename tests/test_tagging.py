@@ -17,9 +17,10 @@ import pytest
 import torch
 
 import harness
-from harness import loader
 from harness.data.formats import collate
-from harness.data.tasks import PAD, Task, TaskConfig, Vocab
+from harness.data.tasks import Task, TaskConfig
+from harness.data.vocab import PAD, Vocab
+from harness.registry import loader
 
 SYMBOLS, LENGTH = 6, 8
 

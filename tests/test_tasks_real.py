@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import harness
-from harness.data.tasks import EOS, SEP
+from harness.data.vocab import EOS, SEP
 from harness.errors import ConfigError
 
 # Pins the shipped data FILE (also stated in plugins/tasks/data/README.md): a change to the
@@ -170,7 +170,7 @@ def test_g2p_error_rates_are_edit_distance_over_reference_length():
 
 
 def oracle_models(answers: dict[tuple[int, ...], list[int]]) -> dict[str, Any]:
-    """Real modules implementing the two decoding protocols of harness.decoding, whose
+    """Real modules implementing the two decoding protocols of harness.nn.decoding, whose
     greedy output is a known answer per source: they let the test know the exact PER/WER."""
     import torch
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.data.formats import collate
-from harness.data.tasks import PAD, SEP
+from harness.data.vocab import PAD, SEP
 from harness.errors import ConfigError
 from harness.params import resolve
 

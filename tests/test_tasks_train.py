@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import harness
-from harness import tracking
+from harness.store import tracking
 
 TINY_TRAIN = {"max_steps": 3, "batch_size": 8, "val_every": 3, "warmup_steps": 0,
               "accelerator": "cpu", "devices": 1, "num_threads": 1, "progress": False,

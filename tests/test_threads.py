@@ -1,4 +1,4 @@
-"""CPU thread policy (harness.threads): study workers on one machine count each other through
+"""CPU thread policy (harness.runtime.threads): study workers on one machine count each other through
 a per-machine folder, and a run in a worker with ``train.num_threads`` unset takes usable
 cores ÷ live local workers; a run outside a worker keeps torch's default; the config wins."""
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import threads
 from harness.config import parse_run_config
 from harness.run.build import build
 from harness.run.plan import plan
+from harness.runtime import threads
 
 RUN = {"task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 16, "num_val": 8}},
        "model": {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 8},
                  "attention": {"name": "multi_head"}, "position": {"name": "sinusoidal"}},
        "train": {"max_steps": 1, "progress": False}}
-WORKER = "import sys, time; from pathlib import Path; from harness.threads import register_worker; " \
+WORKER = "import sys, time; from pathlib import Path; from harness.runtime.threads import register_worker; " \
          "register_worker(Path(sys.argv[1])); print('ready', flush=True); time.sleep(60)"
 
 

@@ -58,7 +58,7 @@ def test_every_shipped_cpu_profile_tunes_six_configurations_or_is_a_shared_recip
 def test_a_real_study_tunes_under_successive_halving_and_confirms_the_best(tmp_path):
     """Six learning rates, a rung every 5 of 20 steps: the worse configurations stop at a rung
     (PRUNED), the best completes, and its configuration is the one confirmed."""
-    from harness.cli import main
+    from harness.cli.main import main
     from harness.keys import Phase
     from harness.study.storage import phase_study_name
 

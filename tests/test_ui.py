@@ -28,11 +28,11 @@ import yaml
 from servers import free_port
 from test_study import CANDIDATE, TINY, nope
 
-from harness import ui
-from harness.cli import main
+from harness.cli import ui
+from harness.cli.main import main
 from harness.keys import Tag, curve_key, val_key
+from harness.store.tracking import EXPERIMENT_KIND
 from harness.study.storage import SUMMARY_GROUP
-from harness.tracking import EXPERIMENT_KIND
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -80,7 +80,7 @@ SERVER = textwrap.dedent("""\
 """)
 PARENT = textwrap.dedent("""\
     import os, subprocess, sys, time
-    sup = subprocess.Popen([sys.executable, "-m", "harness.ui", "--supervise", str(os.getpid()), "--",
+    sup = subprocess.Popen([sys.executable, "-m", "harness.cli.ui", "--supervise", str(os.getpid()), "--",
                             sys.executable, "-c", sys.argv[1]], start_new_session=True)
     print(sup.pid, flush=True)
     time.sleep(600)
@@ -236,7 +236,7 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
 
     # status and list are read-only and never touch MLflow; the file's name finds the study
     stores = {p: p.read_bytes() for p in harness_home.glob("*.db*")}
-    check = ("import sys; from harness.cli import main; "
+    check = ("import sys; from harness.cli.main import main; "
              "assert main(['study', 'status', 'tiny']) == 0; "
              "assert main(['study', 'list']) == 0; "
              "print('mlflow imported' if 'mlflow' in sys.modules else 'no mlflow')")

@@ -101,7 +101,7 @@ def _layer(job: dict[str, Any]) -> tuple[Any, Any]:
     """The module and a function running it causally or not on (B, L, d) inputs."""
     if job["variant"] in BASELINES:
         return _baseline_layer(job)
-    from harness.loader import load
+    from harness.registry.loader import load
 
     kind, name = split_name(job["variant"])
     spec = load(job["plugins"]).get(kind, name)

@@ -18,7 +18,7 @@ from harness.errors import HarnessError
 def cmd_bench_attention(args: argparse.Namespace) -> int:
     from harness.bench import attention as bench
     from harness.bench import common
-    from harness.loader import load
+    from harness.registry.loader import load
 
     device = common.resolve_device(args.device)
     registry = load(args.plugin)
@@ -87,7 +87,7 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
 def cmd_bench_decode(args: argparse.Namespace) -> int:
     from harness.bench import common
     from harness.bench import decode as bench
-    from harness.loader import load
+    from harness.registry.loader import load
 
     device = common.resolve_device(args.device)
     registry = load(args.plugin)
@@ -113,7 +113,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 def cmd_bench_mixer(args: argparse.Namespace) -> int:
     from harness.bench import attention, common, decode, mixer
-    from harness.loader import load
+    from harness.registry.loader import load
 
     device = common.resolve_device(args.device)
     registry = load(args.plugin)

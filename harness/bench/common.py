@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.memory import proc_status_kb, reset_peak_rss
+from harness.runtime.memory import proc_status_kb, reset_peak_rss
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 MAX_PASSES = 50

@@ -83,7 +83,7 @@ def build(arch: str, *, d_model: int, layers: int, heads: int, vocab: int = VOCA
           registry: Any = None) -> Any:
     """The model an architecture name stands for (see the module documentation)."""
     import harness
-    from harness.loader import load
+    from harness.registry.loader import load
 
     registry = registry or load()
     kind, name = arch.split(":", 1)
@@ -159,7 +159,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from harness.loader import load
+    from harness.registry.loader import load
 
     torch.set_num_threads(job["threads"])
     device, dtype = torch.device(job["device"]), getattr(torch, job["dtype"])

@@ -30,7 +30,7 @@ except embedding tables that are not also an output head: a lookup multiplies no
 the attention term counts the full L x L score and value products of softmax-attention layers
 (a causal kernel that skips the masked half does half of it). Mixers' scans and convolutions
 are not counted (their cost beyond 6 N is small at these widths). Achieved FLOP/s =
-FLOPs per token x tokens/s; MFU = achieved / the device's peak (:data:`harness.devices.PEAKS`; on CPU
+FLOPs per token x tokens/s; MFU = achieved / the device's peak (:data:`harness.runtime.devices.PEAKS`; on CPU
 the fp32 matrix-multiply rate measured in this run).
 """
 
@@ -171,8 +171,8 @@ def throughput(steps: list[tuple[float, float, int]], warmup: int,
 def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None) -> dict[str, Any]:
     """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
     runs one ``reference`` step after each of its steps."""
-    from harness.run.pipeline import load_registry, train
-    from harness.run.plan import plan
+    from harness.run.pipeline import train
+    from harness.run.plan import load_registry, plan
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.max_steps = cfg.train.val_every = steps
@@ -201,9 +201,9 @@ def measure_harness(job: dict[str, Any]) -> dict[str, Any]:
     import mlflow  # noqa: F401
     import torch
 
-    from harness import tracking
     from harness.config import parse_run_config
     from harness.run import pipeline  # noqa: F401
+    from harness.store import tracking
 
     cfg = parse_run_config(job["config"])
     imports = time.perf_counter() - start
@@ -270,7 +270,7 @@ def run_config(settings: Settings) -> dict[str, Any]:
 def reference_shapes(settings: Settings) -> dict[str, Any] | str:
     """The reference's shapes for the config, or why there is no reference for it."""
     from harness.config import parse_run_config
-    from harness.loader import load
+    from harness.registry.loader import load
     from harness.run.build import build_task, task_info
     from harness.run.plan import plan
 
@@ -329,13 +329,13 @@ def peak_flops(settings: Settings) -> tuple[float | None, str]:
     if settings.device == "cuda":
         import torch
 
-        from harness.devices import peak_for
+        from harness.runtime.devices import peak_for
 
         name = torch.cuda.get_device_name()
         row = peak_for(name)
         if row is not None:
             return row.bf16_tflops * 1e12, f"{name}: dense bf16 peak of the {row.name} ({row.source})"
-        return None, f"{name}: not in the table of peaks (harness.devices.PEAKS; pass --peak-tflops)"
+        return None, f"{name}: not in the table of peaks (harness.runtime.devices.PEAKS; pass --peak-tflops)"
     result, status = common.run_worker("harness.bench.model", {"side": "peak", "threads": settings.threads},
                                        threads=settings.threads, timeout_s=600)
     if result is None:

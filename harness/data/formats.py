@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from harness.data.tasks import BOS, PAD, SEP, Example
+from harness.data.vocab import BOS, PAD, SEP, Example
 from harness.errors import IncompatibleError
 
 

@@ -44,7 +44,8 @@ from typing import Annotated, Any, overload
 import numpy as np
 from annotated_types import Ge, Lt
 
-from harness.data.tasks import TaskConfig, Vocab
+from harness.data.tasks import TaskConfig
+from harness.data.vocab import Vocab
 from harness.errors import ConfigError
 from harness.params import IntRange
 

@@ -452,7 +452,7 @@ def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence
                workers: int | None) -> Iterator[Chunk]:
     """Tokenised chunks in order: in-process with one worker, else a pool of processes with
     at most two chunks per worker in flight (memory stays bounded)."""
-    from harness.threads import usable_cores
+    from harness.runtime.threads import usable_cores
 
     # bytes and chars encode faster than a chunk travels to a process and back (measured:
     # benchmarks/data.md): one process unless asked; the others use every usable core

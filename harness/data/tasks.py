@@ -15,37 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from annotated_types import Ge
 
+from harness.data.vocab import PAD, Example, Vocab
 from harness.params import IntRange
 
 if TYPE_CHECKING:
     from harness.data.formats import BatchFormat
-
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")
-PAD, BOS, EOS, SEP = range(len(SPECIALS))
-
-Example = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """Special tokens first (ids 0-3: pad, bos, eos, sep), then the task's symbols."""
-
-    symbols: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        return len(SPECIALS) + len(self.symbols)
-
-    @property
-    def first_symbol(self) -> int:
-        return len(SPECIALS)
-
-    def token(self, i: int) -> str:
-        return SPECIALS[i] if i < len(SPECIALS) else self.symbols[i - len(SPECIALS)]
-
-    def decode(self, ids: Sequence[int], sep: str = " ") -> str:
-        return sep.join(self.token(int(i)) for i in ids)
-
 
 @dataclass
 class TaskConfig:

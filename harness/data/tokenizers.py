@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.data.tasks import SPECIALS
+from harness.data.vocab import SPECIALS
 from harness.errors import ConfigError
 
 EOD = "<eod>"

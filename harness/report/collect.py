@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import stats
 from harness.keys import Attr, Phase, Tag
+from harness.report import stats
 from harness.study.progress import best_trial, phase_progress
 from harness.study.rungs import rungs_in_words
 from harness.study.schema import COSTS

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from harness import stats
 from harness.errors import ConfigError
 from harness.keys import val_key
+from harness.report import stats
 from harness.report.collect import CandidateResult, Comparison, Protocol
 from harness.report.render import fmt, seed_list
 from harness.report.verdict import Verdict

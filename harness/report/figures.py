@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.keys import Phase, val_key
-from harness.plots import MARKERS, extrapolation_curve, pyplot, save_figure
 from harness.report.collect import CandidateResult, Protocol
 from harness.report.verdict import Verdict
+from harness.run.plots import MARKERS, extrapolation_curve, pyplot, save_figure
 from harness.study.schema import COST_LABELS
 from harness.study.storage import StudyHandle
 

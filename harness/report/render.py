@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any
 
-from harness import stats
+from harness.report import stats
 from harness.report.collect import CandidateResult, Comparison, Protocol
 from harness.report.verdict import PARAM_TOLERANCE, POWER, Verdict
 

@@ -227,7 +227,7 @@ def blocks(a: ScalingAnalysis, figures: list[tuple[str, Path]] = ()) -> list[Blo
 def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[tuple[str, Path]]:
     """Loss against compute (runs, frontier points, fitted lines and bands) and the iso-FLOP
     profiles (one panel per candidate)."""
-    from harness.plots import pyplot, save_figure
+    from harness.run.plots import pyplot, save_figure
 
     if not a.fits:
         return []

@@ -1,7 +1,7 @@
 """The study's parent MLflow run as its summary, readable in the MLflow UI.
 
 The params (the protocol) are logged when the study is created
-(:func:`harness.study.summary.protocol_params`).
+(:func:`harness.study.schema.protocol_params`).
 
 Metrics and description (logged when the study completes and whenever its report is
 written, :func:`write_summary`), per candidate:

@@ -28,9 +28,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from harness import stats
 from harness.errors import shorten
 from harness.keys import val_key
+from harness.report import stats
 from harness.report.collect import CandidateResult, Comparison, Protocol, cost_value
 from harness.study.schema import COSTS, DETERMINED_COSTS
 

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import tracking
 from harness.report.collect import CandidateResult, Protocol, collect, protocol
 from harness.report.document import document
 from harness.report.export import (
@@ -32,6 +31,7 @@ from harness.report.figures import (
 from harness.report.reference import reference_blocks
 from harness.report.render import Block, fmt, render_html, render_markdown
 from harness.report.verdict import Verdict, analyze
+from harness.store import tracking
 from harness.study.progress import progress, reconcile, settle_parent
 from harness.study.storage import StudyHandle
 

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from harness import devices
 from harness.data.formats import BatchFormat
-from harness.data.tasks import Example, Task
+from harness.data.tasks import Task
+from harness.data.vocab import Example
+from harness.runtime import devices
 
 #: The largest share of a GPU's free memory the training split may take on the device.
 DEVICE_SHARE = 0.125

@@ -50,9 +50,9 @@ from typing import Any
 
 import lightning as L
 
-from harness import tracking
 from harness.errors import HarnessError
 from harness.keys import Metric
+from harness.store import tracking
 
 #: ``train.checkpoint_every`` left unset on a device other than the CPU.
 DEFAULT_GPU_MINUTES = 30.0

@@ -10,7 +10,7 @@ and state dict are unchanged) with :data:`COMPILE_BACKEND`; graph breaks fall ba
 code as ``torch.compile`` always does, and a backend that fails (no C++ compiler for
 inductor on the CPU, an unsupported operation) fails the run with a
 :class:`~harness.run.system.CompileFailed` error that says to set ``train.compile: false``.
-``train.precision``: see :func:`harness.devices.precision`.
+``train.precision``: see :func:`harness.runtime.devices.precision`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import MLFlowLogger
 
-from harness import devices, tracking
 from harness.keys import Metric
 from harness.run import checkpoint
 from harness.run.build import Built
@@ -31,6 +30,8 @@ from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import Resume, ResumedLogger
 from harness.run.system import HarnessDataModule, HarnessSystem
+from harness.runtime import devices
+from harness.store import tracking
 
 #: Lightning warnings nobody can act on here (a DataLoader over in-memory examples needs no workers).
 QUIET = (".*does not have many workers.*", ".*LeafSpec.*")

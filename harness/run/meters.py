@@ -9,7 +9,7 @@
   plus the steps' time.
 * :class:`StepProbe`: one training step (the second, so the optimiser state exists, or the
   only one) run under ``FlopCounterMode`` (FLOPs of forward, loss and backward, per input
-  token; the fused CPU attention kernels counted too: :func:`harness.run.flops.flop_counter`) and, on the CPU, under :class:`harness.memory.TensorMemory` (the step's peak tensor
+  token; the fused CPU attention kernels counted too: :func:`harness.run.flops.flop_counter`) and, on the CPU, under :class:`harness.runtime.memory.TensorMemory` (the step's peak tensor
   memory). A compiled model runs that step eagerly (``torch.compiler.set_stance``), which
   the counters need; its FLOPs are the same and its peak memory an upper bound of the
   compiled step's. On a GPU the allocator's high-water mark is then restarted, so that
@@ -32,9 +32,9 @@ import lightning as L
 import torch
 from lightning.pytorch.profilers import Profiler
 
-from harness import devices
 from harness.keys import Metric
-from harness.memory import TensorMemory, tensors_in
+from harness.runtime import devices
+from harness.runtime.memory import TensorMemory, tensors_in
 
 
 class DataWait(Profiler):

@@ -17,20 +17,15 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from harness import tracking
 from harness.config import RunConfig, load_run_config, parse_run_config
-from harness.devices import run_device
-from harness.errors import ConfigError, HarnessError, Interrupted, PluginError, RunFailed
+from harness.errors import ConfigError, HarnessError, Interrupted, RunFailed
 from harness.keys import Metric, Tag
-from harness.masking import mask_url
-from harness.memory import PeakMemory
-from harness.registry import Registry
+from harness.registry.specs import Registry
 from harness.run import failure
 from harness.run.build import build, build_model
-from harness.run.plan import Plan, plan
+from harness.run.plan import Plan, load_registry, plan
 from harness.run.record import (
     PRUNED_SUFFIX,
     default_run_name,
@@ -41,6 +36,10 @@ from harness.run.record import (
 )
 from harness.run.resources import check_data, check_memory
 from harness.run.sanity import meaningless
+from harness.runtime.devices import run_device
+from harness.runtime.memory import PeakMemory
+from harness.store import tracking
+from harness.store.masking import mask_url
 
 
 @dataclass
@@ -51,25 +50,6 @@ class RunResult:
     num_params: int
     config: dict[str, Any]
     not_applicable: list[int] = field(default_factory=list)  # eval lengths the model cannot run
-
-
-def load_registry(config: RunConfig, registry: Registry | None) -> Registry:
-    """The registry a run config needs: the given one, or every installed plugin plus the
-    config's local plugin files (which must load)."""
-    from harness import loader
-
-    if registry is not None and not config.plugins:
-        return registry
-    reg = loader.load(config.plugins)
-    local = {Path(p).resolve().stem for p in config.plugins}
-    broken = [f for f in reg.failures if f.plugin in local]
-    if broken:
-        raise PluginError(
-            "a plugin file named in the config failed to load: "
-            + "; ".join(f.describe() for f in broken)
-            + ". Fix the file or remove it from `plugins:`."
-        )
-    return reg
 
 
 def as_config(config: RunConfig | dict[str, Any] | str | os.PathLike[str]) -> RunConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.config import ComponentConfig, ModelConfig, RunConfig
@@ -21,7 +22,7 @@ from harness.errors import (
     UnknownNameError,
 )
 from harness.params import resolve, to_dict
-from harness.registry import ModelSpec, PositionSpec, Registry, SequenceMixerSpec, TaskSpec
+from harness.registry.specs import ModelSpec, PositionSpec, Registry, SequenceMixerSpec, TaskSpec
 
 #: Attention roles whose keys and values come from another sequence (the encoder's
 #: memory). Position hooks never apply there (see ``harness.nn.attention``), so these roles
@@ -259,3 +260,22 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
     return Plan(config, task, parts, fmt)
+
+
+def load_registry(config: RunConfig, registry: Registry | None) -> Registry:
+    """The registry a run config needs: the given one, or every installed plugin plus the
+    config's local plugin files (which must load)."""
+    from harness.registry import loader
+
+    if registry is not None and not config.plugins:
+        return registry
+    reg = loader.load(config.plugins)
+    local = {Path(p).resolve().stem for p in config.plugins}
+    broken = [f for f in reg.failures if f.plugin in local]
+    if broken:
+        raise PluginError(
+            "a plugin file named in the config failed to load: "
+            + "; ".join(f.describe() for f in broken)
+            + ". Fix the file or remove it from `plugins:`."
+        )
+    return reg

@@ -15,13 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import devices, tracking
 from harness.errors import shorten
 from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, val_key
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
 from harness.run.fit import Fitted
 from harness.run.plan import Plan
+from harness.runtime import devices
+from harness.store import tracking
 
 
 def provenance_tags(p: Plan) -> dict[str, str]:
@@ -162,7 +163,7 @@ def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted
 
 def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted: Fitted,
                  evaluation: Evaluation) -> None:
-    from harness import plots
+    from harness.run import plots
 
     task, metric = built.task, "acc"
     with tempfile.TemporaryDirectory() as tmp:

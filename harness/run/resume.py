@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 
-from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Tag
-from harness.masking import mask_url
 from harness.run import checkpoint
+from harness.store import tracking
+from harness.store.masking import mask_url
 
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 #: Config fields that may differ on resume: they change neither the model nor its training.

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.data.tasks import BOS, EOS, SEP, TaskInfo, Vocab
+from harness.data.tasks import TaskInfo
+from harness.data.vocab import BOS, EOS, SEP, Vocab
 from harness.errors import ConfigError, HarnessError
 from harness.run import checkpoint
 
@@ -85,8 +86,7 @@ def save_final(run_id: str, built: Any, p: Any, logged: dict[str, Any]) -> None:
 def _build(meta: dict[str, Any]) -> tuple[Any, TaskInfo]:
     from harness.config import parse_run_config
     from harness.run.build import build_model_from
-    from harness.run.pipeline import load_registry
-    from harness.run.plan import plan
+    from harness.run.plan import load_registry, plan
 
     data = dict(meta["config"])
     data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
@@ -111,8 +111,7 @@ def _from_checkpoint(path: Path, run_id: str) -> Trained:
     checkpoint; the task built again for its vocabulary and sizes)."""
     from harness.config import parse_run_config
     from harness.run.build import build_task, task_info
-    from harness.run.pipeline import load_registry
-    from harness.run.plan import plan
+    from harness.run.plan import load_registry, plan
 
     state = checkpoint.read(path)
     config = json.loads(state["harness"]["config"])

@@ -27,7 +27,7 @@ from harness.params import (
     unknown_params_error,
     value_problem,
 )
-from harness.registry import Registry
+from harness.registry.specs import Registry
 from harness.study.schema import Candidate, SearchComponent
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.completion import hint
+from harness.cli.completion import hint
 
 
 def _storage_args(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def _quiet(workers: bool = False) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load and validate the study file (before anything is created), open the storage and
     create or resume the study."""
-    from harness import tracking
+    from harness.store import tracking
     from harness.study.schema import load_study_config
 
     cfg = load_study_config(args.file, args.study_name, args.profile, args.set)
@@ -78,9 +78,9 @@ def _check_storage(explicit: str | None) -> None:
     plugins load (it is checked again under its lock when it is opened)."""
     import os
 
-    from harness import tracking
-    from harness.schema_lock import sqlite_file
-    from harness.store_guard import check_sqlite, check_writable
+    from harness.store import tracking
+    from harness.store.guard import check_sqlite, check_writable
+    from harness.store.lock import sqlite_file
 
     tracking.checked_home()
     path = sqlite_file(explicit or os.environ.get("HARNESS_STORAGE")
@@ -95,7 +95,7 @@ def _warn_seeds(cfg: Any) -> None:
     test to resolve any difference (Holm over every pair of candidates)."""
     import sys
 
-    from harness.stats import resolution_floor
+    from harness.report.stats import resolution_floor
 
     k = len(cfg.candidates)
     if k < 2:
@@ -117,7 +117,7 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 def _same_study(args: argparse.Namespace) -> str:
     """The options that make another `harness study run` work on this study (name, profile,
     stores and --set overrides), passwords masked: for the commands the CLI suggests."""
-    from harness.masking import mask_url
+    from harness.store.masking import mask_url
 
     named = "".join(f" --{flag.replace('_', '-')} {mask_url(str(value))}" for flag, value in (
         ("study_name", args.study_name), ("profile", args.profile), ("storage", args.storage),
@@ -126,9 +126,9 @@ def _same_study(args: argparse.Namespace) -> str:
 
 
 def cmd_study_run(args: argparse.Namespace) -> int:
-    from harness.cli import ctrl_c
+    from harness.cli.main import ctrl_c
     from harness.errors import Interrupted
-    from harness.threads import passive_wait
+    from harness.runtime.threads import passive_wait
 
     passive_wait()  # before torch loads: this worker's idle OpenMP threads sleep, not spin
 

@@ -92,34 +92,6 @@ def waiting_trial_ids(storage: Any, study_id: int, limit: int = 8) -> list[int]:
         return [int(row[0]) for row in conn.execute(query)]
 
 
-def slot_progress(handle: Any) -> Any:
-    """The worker loop's view of a study (:class:`~harness.study.progress.StudyProgress`):
-    each candidate's slots by state from one count query, without best values (the status
-    command and the report load the trials they show). Failed trials are not split into
-    retried and final failures (``failed`` counts both); the loop reads only the waiting,
-    running and finished slots, and the display the tuning's best value so far."""
-    from harness.keys import Phase
-    from harness.study.progress import CandidateProgress, PhaseProgress, StudyProgress
-    from harness.study.storage import phase_study_name
-
-    cfg = handle.config
-    names = {(p, c.name): phase_study_name(handle.name, p, c.name) for c in cfg.candidates for p in Phase}
-    counts = state_counts(handle.storage, list(names.values()))
-
-    def phase(p: Phase, cand: str, slots: int) -> PhaseProgress:
-        c = counts[names[(p, cand)]]
-        return PhaseProgress(slots, complete=c["COMPLETE"], pruned=c["PRUNED"], failed=c["FAIL"],
-                             running=c["RUNNING"], waiting=c["WAITING"])
-
-    best = best_values(handle.storage, [names[(Phase.TUNE, c.name)] for c in cfg.candidates],
-                       cfg.objective.direction == "maximize")
-    candidates = [CandidateProgress(c.name, phase(Phase.TUNE, c.name, cfg.budget.trials),
-                                    phase(Phase.CONFIRM, c.name, cfg.confirm.seeds),
-                                    best_value=best.get(names[(Phase.TUNE, c.name)]))
-                  for c in cfg.candidates]
-    return StudyProgress(handle.name, candidates)
-
-
 def cache_trial(study: Any, trial_id: int) -> None:
     """Let ``study``'s storage cache know one claimed trial, which Optuna's ``Trial`` needs to
     record parameters, without loading the study's other trials (``study.get_trials()``

@@ -50,7 +50,7 @@ class StudyDisplay:
     def log(self, line: str) -> None:
         """A line of the log (a finished trial, a note), above the status line; passwords
         in it (a failure naming a storage URL) are masked."""
-        from harness.masking import mask_text
+        from harness.store.masking import mask_text
 
         with self._lock:
             self._clear()

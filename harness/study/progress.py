@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.keys import Attr, Phase, Tag
+from harness.study.counts import best_values, state_counts
 from harness.study.schema import StudyConfig
 from harness.study.storage import (
     StudyHandle,
+    phase_study_name,
     quiet_experimental,
     redact,
 )
@@ -249,3 +251,27 @@ def fail_stale(handle: StudyHandle) -> None:
         for cand in handle.config.candidates:
             for phase in Phase:
                 optuna.storages.fail_stale_trials(handle.load(phase, cand.name))
+
+
+def slot_progress(handle: Any) -> Any:
+    """The worker loop's view of a study (:class:`~harness.study.progress.StudyProgress`):
+    each candidate's slots by state from one count query, without best values (the status
+    command and the report load the trials they show). Failed trials are not split into
+    retried and final failures (``failed`` counts both); the loop reads only the waiting,
+    running and finished slots, and the display the tuning's best value so far."""
+    cfg = handle.config
+    names = {(p, c.name): phase_study_name(handle.name, p, c.name) for c in cfg.candidates for p in Phase}
+    counts = state_counts(handle.storage, list(names.values()))
+
+    def phase(p: Phase, cand: str, slots: int) -> PhaseProgress:
+        c = counts[names[(p, cand)]]
+        return PhaseProgress(slots, complete=c["COMPLETE"], pruned=c["PRUNED"], failed=c["FAIL"],
+                             running=c["RUNNING"], waiting=c["WAITING"])
+
+    best = best_values(handle.storage, [names[(Phase.TUNE, c.name)] for c in cfg.candidates],
+                       cfg.objective.direction == "maximize")
+    candidates = [CandidateProgress(c.name, phase(Phase.TUNE, c.name, cfg.budget.trials),
+                                    phase(Phase.CONFIRM, c.name, cfg.confirm.seeds),
+                                    best_value=best.get(names[(Phase.TUNE, c.name)]))
+                  for c in cfg.candidates]
+    return StudyProgress(handle.name, candidates)

@@ -484,3 +484,13 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
         data["name"] = f"{stem}-{chosen}" if chosen else stem
     data["profile"] = chosen
     return parse_study_config(data, str(path))
+
+
+def protocol_params(config: StudyConfig) -> dict[str, Any]:
+    """The parent run's params: the protocol, with candidates keyed by name."""
+    proto = config.protocol_dict()
+    candidates = proto.pop("candidates")
+    proto["confirm"]["seed_list"] = config.confirm_seeds()
+    proto["confirm"]["baseline"] = config.baseline  # the first candidate unless named
+    proto["candidate"] = {c.pop("name"): c for c in candidates}
+    return proto

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
-from harness.registry import Registry
+from harness.registry.specs import Registry
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
@@ -53,7 +53,7 @@ TRAIN_PROTOCOL = {
 
 def load_registry(config: StudyConfig) -> Registry:
     """Every installed plugin plus the study's local plugin files (which must load)."""
-    from harness import loader
+    from harness.registry import loader
 
     registry = loader.load(config.plugins)
     local = {Path(p).stem for p in config.plugins}

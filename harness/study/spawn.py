@@ -5,7 +5,7 @@ it starts N - 1 more ``harness study run`` processes on the same study, storage 
 store once the study exists (so no two processes create a schema at once). Each extra
 worker writes its lines to ``$HARNESS_HOME/logs/<study>-worker-<i>.log``. They are ordinary
 workers: every trial slot is claimed once (:func:`harness.study.storage.claim_slot`), and the
-cores are split between them (:mod:`harness.threads`).
+cores are split between them (:mod:`harness.runtime.threads`).
 
 The extra workers die with the command: on Linux the kernel sends them SIGTERM when it
 exits in any way, SIGKILL included (``prctl(PR_SET_PDEATHSIG)``); on any platform the
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import tracking
+from harness.store import tracking
 
 
 def worker_command(file: str, study: str, profile: str | None, sets: list[str]) -> list[str]:
@@ -53,7 +53,7 @@ def worker_env(storage: str | None, tracking_uri: str | None) -> dict[str, str]:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    from harness.children import die_with_parent
+    from harness.runtime.children import die_with_parent
 
     die_with_parent(signal.SIGTERM)
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import tracking
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
-from harness.masking import mask_url
-from harness.schema_lock import schema_lock, sqlite_file
-from harness.store_guard import check_sqlite
+from harness.store import tracking
+from harness.store.guard import check_sqlite
+from harness.store.lock import schema_lock, sqlite_file
+from harness.store.masking import mask_url
 from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
 
@@ -72,7 +72,7 @@ def default_storage_url() -> str:
     return f"sqlite:///{tracking.ensure_home() / 'optuna.db'}"
 
 
-#: A storage URL without its password (for messages and tags): :func:`harness.masking.mask_url`.
+#: A storage URL without its password (for messages and tags): :func:`harness.store.masking.mask_url`.
 redact = mask_url
 
 
@@ -348,7 +348,7 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
             log: Log) -> StudyHandle:
     import optuna
 
-    from harness.study.summary import protocol_params
+    from harness.study.schema import protocol_params
 
     config = space.config
     name = str(config.name)

@@ -19,16 +19,6 @@ from harness.study.storage import StudyHandle
 NOTE_TAG = Tag.NOTE
 
 
-def protocol_params(config: StudyConfig) -> dict[str, Any]:
-    """The parent run's params: the protocol, with candidates keyed by name."""
-    proto = config.protocol_dict()
-    candidates = proto.pop("candidates")
-    proto["confirm"]["seed_list"] = config.confirm_seeds()
-    proto["confirm"]["baseline"] = config.baseline  # the first candidate unless named
-    proto["candidate"] = {c.pop("name"): c for c in candidates}
-    return proto
-
-
 # -- the runs table's views ----------------------------------------------------------------------
 VIEW_TAG = "mlflow.sharedViewState."  # + key: a view of the runs table the UI opens by link
 TUNING = "tuning"  # the second view's suffix: the tuning trials

@@ -19,8 +19,9 @@ from typing import Any
 
 from harness.errors import ConfigError, HarnessError, RunFailed, shorten
 from harness.keys import Attr, Phase, Tag, val_key
+from harness.runtime.threads import register_worker
 from harness.study.candidates import CandidateSpace
-from harness.study.counts import cache_trial, slot_progress
+from harness.study.counts import cache_trial
 from harness.study.display import StudyDisplay
 from harness.study.progress import (
     StudyProgress,
@@ -29,6 +30,7 @@ from harness.study.progress import (
     progress,
     reconcile,
     settle_parent,
+    slot_progress,
 )
 from harness.study.rungs import budget_steps, first_rung
 from harness.study.schema import COSTS, StudyConfig
@@ -38,7 +40,6 @@ from harness.study.storage import (
     claim_slot,
     heartbeat,
 )
-from harness.threads import register_worker
 
 
 # -- sampler, pruner and the next slot ----------------------------------------------------------

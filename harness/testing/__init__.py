@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from harness.registry import Registry
+from harness.registry.specs import Registry
 from harness.testing.core import Checks, NotApplicable, Outcome, base_registry, run_checks
 from harness.testing.layers import AttentionChecks, MixerChecks
 from harness.testing.models import ModelChecks

@@ -26,7 +26,7 @@ import torch
 
 from harness.errors import HarnessError
 from harness.params import declared_params, resolve
-from harness.registry import Registry, Spec, validate_spec
+from harness.registry.specs import Registry, Spec, validate_spec
 
 PASS, FAIL, EXEMPT, NOT_APPLICABLE = "pass", "FAIL", "exempt", "n/a"
 PREFIX = "check_"

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.data.formats import FORMATS
-from harness.data.tasks import BOS, EOS, TaskInfo
+from harness.data.tasks import TaskInfo
+from harness.data.vocab import BOS, EOS
 from harness.nn.mixer import LayerCache
 from harness.testing.core import Checks, NotApplicable, close
 
@@ -223,7 +224,7 @@ class ModelChecks(Checks):
         model = self.build("seq2seq")
         assert hasattr(model, "greedy_decode"), (
             "a seq2seq model must implement greedy_decode(src, src_padding_mask, max_len) -> (B, max_len) "
-            "token ids (harness.decoding uses it for free-running evaluation)")
+            "token ids (harness.nn.decoding uses it for free-running evaluation)")
         batch = self.batch("seq2seq", [7, 4, 6])
         src, mask = batch["src"], batch["src_padding_mask"]
         with torch.no_grad():

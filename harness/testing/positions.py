@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.registry import HOOK_METHODS
+from harness.registry.specs import HOOK_METHODS
 from harness.testing.core import Checks, NotApplicable, close, rand
 
 B = 2

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from harness.data.formats import FORMATS, LM, SEQ2SEQ
-from harness.data.tasks import PAD
+from harness.data.vocab import PAD
 from harness.errors import MissingDataError
 from harness.testing.core import Checks, NotApplicable
 

@@ -20,7 +20,7 @@ self-attention roles are checked against it.
 
 Training is teacher-forced (the batch's ``tgt_in`` is the target shifted right after BOS);
 evaluation decodes greedily with a per-layer cache (:meth:`greedy_decode`), or with
-:func:`harness.decoding.beam_search`. Causal self-attention ignores ``tgt_padding_mask``:
+:func:`harness.nn.decoding.beam_search`. Causal self-attention ignores ``tgt_padding_mask``:
 batches are right-padded, so no real position ever attends to a pad.
 """
 

@@ -48,7 +48,7 @@ def folder(data_dir: str, dataset: str) -> Path:
     """The configured folder, or the default one under the project's folder."""
     if data_dir:
         return Path(data_dir).expanduser()
-    from harness.tracking import home
+    from harness.store.tracking import home
 
     return home() / "data" / "lra" / DEFAULT_FOLDERS[dataset]
 

@@ -18,7 +18,7 @@ import yaml
 
 from harness.errors import HarnessError
 from harness.keys import Tag
-from harness.masking import mask_url
+from harness.store.masking import mask_url
 
 #: Metric prefixes that measure the machine, not the model.
 #: The costs a re-run must reproduce exactly (the others are times, rates and memory peaks:
@@ -53,11 +53,11 @@ def compared(recorded: dict[str, float], now: dict[str, float]) -> tuple[list[st
 
 def reproduce(run_id: str, tracking_uri: str | None = None, extra_plugins: list[str] | None = None) -> int:
     """Re-run ``run_id``; 0 when every quality metric matches, 1 otherwise."""
-    from harness import tracking
     from harness.config import parse_run_config
-    from harness.run.pipeline import load_registry, train
-    from harness.run.plan import plan
+    from harness.run.pipeline import train
+    from harness.run.plan import load_registry, plan
     from harness.run.record import provenance_tags
+    from harness.store import tracking
 
     tracker = tracking.Tracker(tracking_uri)
     try:

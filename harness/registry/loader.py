@@ -30,9 +30,9 @@ from typing import Any
 
 import pluggy
 
-from harness import hookspecs
 from harness.errors import HarnessError
-from harness.registry import KINDS, PluginFailure, Registry, stamp, validate_spec
+from harness.registry import hookspecs
+from harness.registry.specs import KINDS, PluginFailure, Registry, stamp, validate_spec
 
 ENTRY_POINT_GROUP = "harness"
 ENV_ALLOW = "HARNESS_PLUGINS"

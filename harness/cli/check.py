@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from harness.errors import HarnessError, UnknownNameError
-from harness.registry import KINDS
+from harness.registry.specs import KINDS
 
 MARKS = {"pass": "ok", "FAIL": "FAIL", "exempt": "exempt", "n/a": "n/a"}
 

@@ -3,7 +3,7 @@
 MLflow and Optuna create their schema in any SQLite file that has none, so a store left empty
 (0 bytes, by a crash or a full disk), truncated or overwritten would be recreated without a
 word and the runs and studies it held would be gone. Before the harness opens a SQLite store
-(:func:`harness.schema_lock.schema_lock`, and the read-only opening of ``study status``)
+(:func:`harness.store.lock.schema_lock`, and the read-only opening of ``study status``)
 :func:`check_sqlite` refuses a file that exists but cannot be that store:
 
 - not a regular file, 0 bytes, no SQLite header, shorter than its header says (truncated);

@@ -3,7 +3,7 @@
 ``harness completion bash`` (or ``zsh``) prints a small script that asks the harness itself
 for the candidates of the word being completed (``harness completion --complete WORDS...``),
 so commands and options always match the installed version. An argument says what it
-completes with :func:`hint`; plugin names come from the cached listing (:mod:`harness.listing`,
+completes with :func:`hint`; plugin names come from the cached listing (:mod:`harness.registry.listing`,
 no plugin imported when the cache is fresh), study names from the default Optuna storage (or
 ``--storage``), opened read-only. Only argparse is imported here.
 """
@@ -108,7 +108,7 @@ def files(current: str, suffixes: tuple[str, ...]) -> list[str]:
 
 
 def plugin_names(kind: str) -> list[str]:
-    from harness import listing
+    from harness.registry import listing
 
     try:
         data = listing.listing()

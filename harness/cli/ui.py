@@ -3,7 +3,7 @@
 The processes::
 
     harness ui                    this process: waits, forwards Ctrl-C / SIGTERM / SIGHUP
-     └─ supervisor                python -m harness.ui --supervise PID -- mlflow server ...
+     └─ supervisor                python -m harness.cli.ui --supervise PID -- mlflow server ...
          └─ mlflow server         its own session and process group, led by the supervisor
              └─ uvicorn (workers)
 
@@ -16,7 +16,7 @@ elsewhere it notices within half a second), or when the server exits on its own.
 Links: MLflow 3 opens experiments in its GenAI view (traces, no runs table) unless told
 otherwise, so the links name the machine-learning view
 (``#/experiments/ID/runs?workflowType=machine_learning``), and the experiments the harness
-creates carry ``mlflow.experimentKind`` (:data:`harness.tracking.EXPERIMENT_KIND`). The
+creates carry ``mlflow.experimentKind`` (:data:`harness.store.tracking.EXPERIMENT_KIND`). The
 server is asked over its REST API; this process never imports mlflow.
 
 Plain ``harness ui`` prints, for each study of the project's storage recorded in the store it
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.children import die_with_parent
 from harness.errors import HarnessError, shorten
+from harness.runtime.children import die_with_parent
 
 HOST = "127.0.0.1"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -261,7 +261,7 @@ def server_env(uri: str) -> dict[str, str]:
     """The server's stores, through the variables ``mlflow server`` reads for its options: a
     database URI may hold a password, and a process's command line is readable by every local
     user (``/proc/PID/cmdline``); its environment is not."""
-    from harness import tracking
+    from harness.store import tracking
 
     env = {"MLFLOW_BACKEND_STORE_URI": uri, "MLFLOW_REGISTRY_STORE_URI": uri}
     if not uri.startswith(("http://", "https://")):  # never ./mlruns of the folder it started in
@@ -277,7 +277,7 @@ class _Stop(Exception):
 
 def run(args: argparse.Namespace) -> int:
     """``harness ui``: start the server under a supervisor, print (and open) the links, wait."""
-    from harness import tracking
+    from harness.store import tracking
 
     if not 0 < args.port < 65536:
         raise HarnessError(f"--port {args.port} is not a TCP port; give one between 1 and 65535.")
@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "harness.ui", "--supervise", str(os.getpid()), "--",
+            [sys.executable, "-m", "harness.cli.ui", "--supervise", str(os.getpid()), "--",
              *server_command(args.port, args.quiet)],
             env=env, start_new_session=True, stdout=out, stderr=out)
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
@@ -468,4 +468,4 @@ def supervise(parent: int, command: list[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "--supervise" and sys.argv[3] == "--":
         sys.exit(supervise(int(sys.argv[2]), sys.argv[4:]))
-    sys.exit("usage: python -m harness.ui --supervise PARENT_PID -- COMMAND ...")
+    sys.exit("usage: python -m harness.cli.ui --supervise PARENT_PID -- COMMAND ...")

@@ -1,7 +1,7 @@
 """MLflow tracking: the project-local store, runs with provenance, nesting by explicit id.
 
 Every value logged (params, tags, dict artifacts) has its URL passwords masked
-(:mod:`harness.masking`); experiment names become artifact folders only through
+(:mod:`harness.store.masking`); experiment names become artifact folders only through
 :func:`safe_folder`, which no name can escape.
 
 Default store (no server, no configuration): ``$HARNESS_HOME`` or ``./.harness`` holding
@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.errors import ConfigError, HarnessError
 from harness.keys import Tag
-from harness.masking import mask_text, mask_url, split_credentials
+from harness.store.masking import mask_text, mask_url, split_credentials
 
 ENV_HOME = "HARNESS_HOME"
 #: artifacts of every experiment the harness creates go under this URI when set (s3://..., a
@@ -87,13 +87,13 @@ PROBE_TIMEOUT_S = 5.0
 def preflight(uri: str | None) -> str:
     """Fail within seconds, before anything is built or recorded, where the tracking store
     cannot be used: a scheme MLflow has no store for, a SQLite store that exists but is damaged
-    or cannot be written (:mod:`harness.store_guard`), a file store in a folder that cannot be
+    or cannot be written (:mod:`harness.store.guard`), a file store in a folder that cannot be
     made, a server that does not accept connections (instead of MLflow's minutes of HTTP
     retries). Returns the URI, credentials moved out (:func:`without_credentials`)."""
     from urllib.parse import urlsplit
 
-    from harness.schema_lock import sqlite_file
-    from harness.store_guard import check_sqlite, check_writable, pseudo_fs
+    from harness.store.guard import check_sqlite, check_writable, pseudo_fs
+    from harness.store.lock import sqlite_file
 
     uri = without_credentials(uri or os.environ.get("MLFLOW_TRACKING_URI")
                               or f"sqlite:///{checked_home() / 'mlflow.db'}")  # nothing created
@@ -235,7 +235,7 @@ class Tracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            from harness.schema_lock import schema_lock
+            from harness.store.lock import schema_lock
 
             if self.uri.startswith(("http://", "https://")) and self.uri not in _reachable:
                 probe_server(self.uri)  # seconds, not MLflow's minutes of retries

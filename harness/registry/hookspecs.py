@@ -8,7 +8,7 @@ with the plugin's name, distribution and version, so listings and MLflow runs ca
 where each component came from.
 
 Hooks are called once per plugin, through pluggy (so ``HARNESS_TRACE_PLUGINS=1`` shows each
-call), when plugins are loaded (:func:`harness.loader.load`). A plugin module is plain
+call), when plugins are loaded (:func:`harness.registry.loader.load`). A plugin module is plain
 Python: its config dataclasses, its top-level module classes and the registration. The host
 keeps ``harness --help`` free of plugin imports and caches ``harness list``; a plugin that
 imports a heavy library of its own at module level is named in ``harness list``'s warnings
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from harness.registry import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
+    from harness.registry.specs import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
 
 hookspec = pluggy.HookspecMarker("harness")
 #: The marker of hook implementations (``@hookimpl def harness_register_attention(register)``).

@@ -13,7 +13,7 @@ Every store the harness opens is therefore opened under :func:`schema_lock`:
 - anything else (an MLflow server over HTTP, which creates its own schema): no lock.
 
 The lock is held only while the store is opened (milliseconds once the schema exists).
-A SQLite store is checked first (:mod:`harness.store_guard`): one that exists but is empty,
+A SQLite store is checked first (:mod:`harness.store.guard`): one that exists but is empty,
 damaged or another program's is refused, never recreated; so is one that cannot be written.
 """
 
@@ -39,7 +39,7 @@ def sqlite_file(url: str) -> Path | None:
 @contextlib.contextmanager
 def schema_lock(url: str, store: str) -> Iterator[None]:
     """Hold the lock of ``store`` ("optuna" or "mlflow") on the database at ``url``."""
-    from harness import store_guard
+    from harness.store import guard as store_guard
 
     path = sqlite_file(url)
     if path is not None:
@@ -61,7 +61,7 @@ def _file_lock(path: Path, database: Path | None = None, store: str = "mlflow") 
     except ImportError:  # not a POSIX system: no lock
         yield
         return
-    from harness.store_guard import cannot_create
+    from harness.store.guard import cannot_create
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

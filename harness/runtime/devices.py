@@ -116,7 +116,7 @@ def reset_peak(device: Any) -> None:
 
 def allocator_peak_bytes(device: Any) -> int | None:
     """The device allocator's high-water mark since :func:`reset_peak`; None on the CPU,
-    which has no allocator statistics (see :mod:`harness.memory` for what is measured there)."""
+    which has no allocator statistics (see :mod:`harness.runtime.memory` for what is measured there)."""
     import torch
 
     if device.type != "cuda":

@@ -26,17 +26,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ENV_CACHE_DIR = "HARNESS_CACHE_DIR"
+from harness.runtime.cache import cache_dir
+
 ENV_NO_CACHE = "HARNESS_NO_CACHE"
 FORMAT = 1  # bump when the snapshot's shape changes
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get(ENV_CACHE_DIR)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "harness"
 
 
 def _stamp(path: str | os.PathLike[str] | None) -> str:
@@ -57,7 +50,7 @@ def _module_file(module: str) -> str | None:
 
 def cache_key(local_files: Iterable[str | os.PathLike[str]] = ()) -> str:
     """A digest of everything the listing depends on (see the module documentation)."""
-    from harness import loader
+    from harness.registry import loader
 
     parts = [f"format {FORMAT}", sys.version]
     core = Path(__file__).parent
@@ -74,7 +67,7 @@ def cache_key(local_files: Iterable[str | os.PathLike[str]] = ()) -> str:
 def snapshot(registry: Any) -> dict[str, Any]:
     """What ``harness list`` shows of a registry, as plain data."""
     from harness.params import declared_params
-    from harness.registry import KINDS
+    from harness.registry.specs import KINDS
 
     specs = []
     for spec in registry:
@@ -93,7 +86,7 @@ def snapshot(registry: Any) -> dict[str, Any]:
 
 def listing(local_files: Iterable[str | os.PathLike[str]] = (), refresh: bool = False) -> dict[str, Any]:
     """The snapshot of the registry, from the cache when nothing it depends on changed."""
-    from harness import loader
+    from harness.registry import loader
 
     files = [str(Path(f).resolve()) for f in local_files]
     # tracing the hook calls needs the plugins loaded: it implies a refresh

@@ -16,7 +16,7 @@ from string import Template
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError
-from harness.registry import KINDS
+from harness.registry.specs import KINDS
 
 NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 

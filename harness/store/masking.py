@@ -3,7 +3,7 @@
 A storage URL (``postgresql+psycopg://user:secret@host/db``) or a tracking URI
 (``https://user:secret@mlflow.example``) keeps working inside the harness, but everything
 the harness shows or records goes through :func:`mask_url` or :func:`mask_text` first:
-messages, log lines, MLflow params and tags (``harness.tracking.Tracker`` masks every value
+messages, log lines, MLflow params and tags (``harness.store.tracking.Tracker`` masks every value
 it logs), the study's parent run, reports and ``harness study status``.
 """
 

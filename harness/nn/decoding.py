@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.data.formats import SEQ2SEQ, BatchFormat
-from harness.data.tasks import BOS, EOS, PAD, SEP, Example
+from harness.data.vocab import BOS, EOS, PAD, SEP, Example
 
 
 def _trim(ids: Sequence[int]) -> list[int]:

@@ -18,9 +18,9 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from harness.completion import hint
+from harness.cli.completion import hint
 from harness.errors import HarnessError, Interrupted
-from harness.masking import mask_text
+from harness.store.masking import mask_text
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -90,8 +90,8 @@ def _tracking_args(p: argparse.ArgumentParser) -> None:
 
 # -- list ------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    from harness import listing
-    from harness.registry import KINDS
+    from harness.registry import listing
+    from harness.registry.specs import KINDS
 
     data = listing.listing(args.plugin, refresh=args.refresh)
     print(listing.render(data, [args.kind] if args.kind else list(KINDS), args.verbose))
@@ -128,7 +128,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.config or overrides:
             raise HarnessError("harness train --from-run RUN_ID re-runs a recorded run as it was: "
                                "pass no config file, --set or component flags with it.")
-        from harness.reproduce import reproduce
+        from harness.cli.reproduce import reproduce
 
         return reproduce(args.from_run, tracking_uri=args.tracking_uri,
                          extra_plugins=[os.path.abspath(p) for p in args.plugin])
@@ -141,7 +141,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
     if args.tracking_uri:  # as given: a URI is not YAML ('#' would start a comment)
         cfg.tracking.uri = args.tracking_uri
-    from harness import tracking
+    from harness.store import tracking
 
     tracking.preflight(cfg.tracking.uri)  # seconds, before torch is imported
 
@@ -183,7 +183,7 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
 
 # -- ui --------------------------------------------------------------------------------
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness import ui
+    from harness.cli import ui
 
     args.quiet = not args.library_output
     return ui.run(args)
@@ -191,7 +191,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 # -- completion ------------------------------------------------------------------------
 def cmd_completion(args: argparse.Namespace) -> int:
-    from harness import completion
+    from harness.cli import completion
 
     if args.complete is not None:
         print("\n".join(completion.complete(build_parser(), args.complete)))
@@ -279,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
-EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.check_cli", "harness.scaffold",
-                     "harness.data.cli", "harness.trained_cli")
+EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.cli.check", "harness.cli.scaffold",
+                     "harness.data.cli", "harness.cli.trained")
 
 
 class _Version(argparse.Action):
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.library_output:
-        from harness import noise
+        from harness.runtime import noise
 
         noise.quiet()
     if not getattr(args, "handler", None):
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
     except Exception as exc:
-        from harness.store_guard import explain
+        from harness.store.guard import explain
 
         error = explain(exc)  # a store that filled up or broke under the command
         if error is None:

@@ -33,8 +33,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import devices
 from harness.keys import Metric
+from harness.runtime import devices
 
 MB = 2**20
 
