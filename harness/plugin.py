@@ -79,7 +79,7 @@ from harness.data.prepare import prepare as prepare_corpus
 from harness.data.tasks import Task, TaskConfig, TaskInfo, lm_windows
 from harness.data.vocab import BOS, EOS, PAD, SEP, Example, Vocab
 from harness.errors import ConfigError, MissingDataError, PluginError
-from harness.nn import banded, linear_recurrence, selective, ssm
+from harness.nn import banded, documents, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
     AttentionCache,
@@ -132,8 +132,8 @@ __all__ = [
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",
     "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
-    # mixers
-    "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",
+    # mixers; documents kept apart inside a sequence (harness.nn.documents, a module)
+    "documents", "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
     # models: backbone layers, recurrent layers and models

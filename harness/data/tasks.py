@@ -30,6 +30,12 @@ class TaskConfig:
     num_train: Annotated[int, Ge(1)] = 10_000  # training examples
     num_val: Annotated[int, Ge(1)] = 500  # validation (and test) examples per length
 
+    def separate_documents(self) -> bool:
+        """Whether the task keeps the documents of a window apart (``Task.document_token``),
+        which the model must support (``ModelSpec.separates_documents``): known before the
+        task is built, so that the plan refuses a model that cannot."""
+        return False
+
     def __post_init__(self) -> None:
         shorter = sorted({n for n in self.eval_lengths if n < self.length})
         if shorter:
@@ -65,6 +71,10 @@ class Task:
     #: When set, validation also logs bits per byte (``bpb``): the scored tokens' total bits
     #: over the bytes of the text they spell, comparable across tokenizers.
     token_bytes: Sequence[int] | None = None
+    #: Keep the documents of a window apart: the token starting each one (the model learns
+    #: it as ``TaskInfo.document_token``); None: windows are one stream. A task whose config
+    #: asks for it says so in ``TaskConfig.separate_documents``, before it is built.
+    document_token: int | None = None
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config
@@ -149,6 +159,10 @@ class TaskInfo:
     num_classes: int | None = None
     pad_id: int = PAD
     extra: dict[str, Any] = field(default_factory=dict)
+    #: keep documents apart: the token that starts each document of a window (``<eod>``,
+    #: which ends the one before), where attention is masked and recurrent state reset
+    #: (``harness.nn.documents``); None: a window is one stream (packed documents)
+    document_token: int | None = None
 
 
 

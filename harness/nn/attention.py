@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from annotated_types import Ge, Lt
 from torch import Tensor, nn
 
+from harness.nn.documents import by_document, document_ids
 from harness.nn.mixer import BIDIRECTIONAL, CAUSAL, Complexity, LayerCache
 from harness.nn.position import PositionScheme
 from harness.params import FloatRange
@@ -89,12 +90,15 @@ def allowed_mask(
     causal: bool,
     key_padding_mask: Tensor | None = None,
     window: int | None = None,
+    segments: Tensor | None = None,
 ) -> Tensor | None:
     """Boolean (B|1, 1, Lq, Lk) mask, True where query i may attend to key j; None if all.
 
     ``causal``: key position <= query position. ``window``: additionally key position >
     query position - window (a query sees itself and the ``window - 1`` keys before it,
-    and the ``window - 1`` after it when not causal).
+    and the ``window - 1`` after it when not causal). ``segments``: (B, L) document ids of
+    self-attention's positions (:func:`harness.nn.documents.document_ids`): additionally the
+    key's document is the query's (block-diagonal).
     """
     allowed = None
     if causal or window is not None:
@@ -108,6 +112,9 @@ def allowed_mask(
     if key_padding_mask is not None:
         keep = ~key_padding_mask[:, None, None, :]
         allowed = keep if allowed is None else allowed & keep
+    if segments is not None:
+        same = segments[:, None, :, None] == segments[:, None, None, :]
+        allowed = same if allowed is None else allowed & same
     return allowed
 
 
@@ -188,6 +195,11 @@ class Attention(nn.Module):
     position_hooks: ClassVar[frozenset[str]] = frozenset({"embedding", "qk", "bias"})
     #: for each hook a variant cannot apply, the reason (shown when a pairing is rejected)
     why_not: ClassVar[dict[str, str]] = {}
+    #: whether ``attend`` takes ``segments`` (documents' ids, see :func:`allowed_mask`) and
+    #: masks across documents; None: derived (True where ``attend`` is the base class's or
+    #: :class:`FusedDotProductAttention`'s). A variant that does not is run one document at
+    #: a time (:mod:`harness.nn.documents`) when documents are kept apart.
+    masks_documents: ClassVar[bool | None] = None
 
     # keyword-only signature: its likeness to TransformerBlock.forward's is layout, not logic
     def __init__(
@@ -271,13 +283,24 @@ class Attention(nn.Module):
         position: PositionScheme | None = None,
         cache: AttentionCache | None = None,
         need_weights: bool = False,
+        document_starts: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Lq, d_model) to itself or to ``memory`` (B, Lk, d_model).
 
         ``key_padding_mask`` refers to the keys of this call (``x``'s new positions for
-        self-attention, ``memory`` for cross-attention). Returns the output (B, Lq, d_model)
-        and, if ``need_weights``, the attention weights (B, H, Lq, Lk).
+        self-attention, ``memory`` for cross-attention). ``document_starts`` (B, L; a full
+        self-attention pass): keep the documents that start there apart
+        (:mod:`harness.nn.documents`). Returns the output (B, Lq, d_model) and, if
+        ``need_weights``, the attention weights (B, H, Lq, Lk).
         """
+        if document_starts is not None and not (memory is None and cache is None):
+            raise ValueError("document_starts applies to a full self-attention pass (no memory, no cache)")
+        segments = None
+        if document_starts is not None and not masks_documents(type(self)):
+            return by_document(lambda d: self(d, causal=causal, position=position)[0], x,
+                               document_starts), None
+        if document_starts is not None:
+            segments = document_ids(document_starts)
         is_self = memory is None
         offset = cache.length if (cache is not None and is_self) else 0
         q = self.split_heads(self.q_proj(x), self.qk_dim)
@@ -323,6 +346,7 @@ class Attention(nn.Module):
             need_weights=need_weights,
             state=cache.state if (cache is not None and (is_self or self.memory_state)) else None,
             cross=not is_self,
+            **({} if segments is None else {"segments": segments}),
         )
         return self.out_proj(self.merge_heads(out)), weights
 
@@ -418,6 +442,7 @@ class Attention(nn.Module):
         need_weights: bool,
         state: dict[str, Any] | None = None,
         cross: bool = False,
+        segments: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Softmax attention over :meth:`score`: (B, H, Lq, Dv) output and optional weights.
 
@@ -426,12 +451,15 @@ class Attention(nn.Module):
         variant that carries running sums reads and updates it here. ``bias`` is a function
         of (q, q_pos, k_pos) instead of a tensor for a variant with ``bias_by_blocks``.
         ``cross``: keys come from another sequence (their positions do not compare with
-        the queries'), for variants whose masks depend on distances.
+        the queries'), for variants whose masks depend on distances. ``segments``: (B, L)
+        document ids of a full self-attention pass, given only to variants that declare
+        ``masks_documents``: no query attends outside its document.
         """
         scores = self.score(q, k)
         if bias is not None:
             scores = scores + bias
-        allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
+        allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask,
+                               segments=segments)
         weights = masked_softmax(scores, allowed).to(v.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         return dropped @ v, (weights if need_weights else None)
@@ -469,20 +497,31 @@ class FusedDotProductAttention(Attention):
         need_weights: bool,
         state: dict[str, Any] | None = None,
         cross: bool = False,
+        segments: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         if need_weights:
             return super().attend(
                 q, k, v, q_pos=q_pos, k_pos=k_pos, causal=causal,
-                key_padding_mask=key_padding_mask, bias=bias, need_weights=True,
+                key_padding_mask=key_padding_mask, bias=bias, need_weights=True, segments=segments,
             )
         dropout = self.dropout if self.training else 0.0
         scale = self.score_scale
         # Causal attention only runs on self-attention, where equal lengths mean the same
         # positions (a cache makes keys longer than queries).
-        if causal and bias is None and key_padding_mask is None and q.shape[2] == k.shape[2]:
+        if (causal and bias is None and key_padding_mask is None and segments is None
+                and q.shape[2] == k.shape[2]):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scale)
             return out, None
-        allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask)
+        allowed = allowed_mask(q_pos, k_pos, causal=causal, key_padding_mask=key_padding_mask,
+                               segments=segments)
         mask, empty = sdpa_mask(allowed, bias, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
         return (out if empty is None else out.masked_fill(empty, 0.0)), None
+
+
+def masks_documents(cls: type[Attention]) -> bool:
+    """Whether a variant masks across documents itself (see ``Attention.masks_documents``)."""
+    declared = cls.masks_documents
+    if declared is not None:
+        return declared
+    return cls.attend in (Attention.attend, FusedDotProductAttention.attend)

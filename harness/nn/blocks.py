@@ -9,6 +9,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.nn import documents
 from harness.nn.attention import Attention
 from harness.nn.mixer import LayerCache
 from harness.nn.position import PositionScheme
@@ -140,15 +141,19 @@ class TransformerBlock(nn.Module):
         memory_padding_mask: Tensor | None = None,
         cache: dict[str, LayerCache] | None = None,
         need_weights: bool = False,
+        document_starts: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor | None]]:
         """Returns the new hidden states and the attention weights by role
-        (``self``, ``cross``) when ``need_weights``."""
+        (``self``, ``cross``) when ``need_weights``. ``document_starts`` (B, L): the sequence
+        mixer keeps the documents starting there apart (:mod:`harness.nn.documents`)."""
         weights: dict[str, Tensor | None] = {}
         x, weights["self"] = self._residual(
             x,
             self.norms[0],
-            lambda h: self.self_attn(
+            lambda h: documents.mix(
+                self.self_attn,
                 h,
+                document_starts,
                 causal=causal,
                 key_padding_mask=key_padding_mask,
                 position=position,

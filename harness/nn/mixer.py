@@ -39,6 +39,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from harness.nn.documents import by_document
+
 CAUSAL = "causal"
 BIDIRECTIONAL = "bidirectional"
 DIRECTIONS = frozenset({CAUSAL, BIDIRECTIONAL})
@@ -99,6 +101,10 @@ class Mixer(nn.Module):
     complexity: ClassVar[Complexity] = Complexity()
     position_hooks: ClassVar[frozenset[str]] = frozenset({"embedding"})
     why_not: ClassVar[dict[str, str]] = {}
+    #: ``mix`` takes ``document_starts`` (B, L) and resets its state there itself (a
+    #: recurrence whose carried state is multiplied by 0 at a start); False: the base class
+    #: runs each document as its own sequence (:func:`harness.nn.documents.by_document`)
+    resets: ClassVar[bool] = False
 
     def __init__(self, d_model: int, num_heads: int = 1) -> None:
         super().__init__()
@@ -116,12 +122,23 @@ class Mixer(nn.Module):
         position: Any = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        document_starts: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """(B, L, d_model) -> ((B, L, d_model), None). With ``cache``, continue from its state."""
+        """(B, L, d_model) -> ((B, L, d_model), None). With ``cache``, continue from its state.
+        ``document_starts`` (B, L; causal parallel form only): the state starts afresh at each
+        True position (:mod:`harness.nn.documents`)."""
         if not causal and BIDIRECTIONAL not in self.directions:
             raise ValueError(f"{type(self).__name__} is causal-only; it cannot mix bidirectionally.")
         if causal and CAUSAL not in self.directions:
             raise ValueError(f"{type(self).__name__} mixes a whole sequence; it cannot run causally.")
+        if document_starts is not None:
+            if cache is not None or not causal:
+                raise ValueError("document_starts applies to the causal parallel form (no cache)")
+            if self.resets:
+                return self.mix(x, causal=True, key_padding_mask=None, position=position,  # type: ignore[call-arg]
+                                document_starts=document_starts), None
+            return by_document(lambda d: self.mix(d, causal=True, key_padding_mask=None, position=position),
+                               x, document_starts), None
         if cache is None:
             return self.mix(x, causal=causal, key_padding_mask=key_padding_mask, position=position), None
         if not causal:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from harness.data.tasks import TaskInfo
+from harness.nn.documents import by_document, pieces
 from harness.params import Choice, FloatRange, IntRange
 
 CELLS = ("lstm", "gru")
@@ -90,6 +91,7 @@ class RecurrentLM(nn.Module):
         self.head = nn.Linear(width, num_classes if num_classes is not None else task.vocab_size)
         if config.tie_embeddings and not self.classify:
             self.head.weight = self.embed.weight
+        self.document_token = task.document_token  # keep documents apart (harness.nn.documents)
 
     def state_size(self, length: int) -> int:
         """Decoding-state elements per sequence: every layer's hidden state (and cell state
@@ -104,11 +106,26 @@ class RecurrentLM(nn.Module):
         self, tokens: Tensor, padding_mask: Tensor | None = None, *, cache: RecurrentCache | None = None
     ) -> Tensor:
         """``tokens`` (B, L) -> logits (B, L, V), or (B, C) for classification. With a
-        ``cache`` the recurrence continues from the cached state and updates it."""
+        ``cache`` the recurrence continues from the cached state and updates it. With
+        ``task.document_token`` the state starts afresh at each document (each document runs
+        as its own sequence; a cache forgets its state at a start)."""
         x = self.drop(self.embed(tokens))
-        out, state = self.rnn(x, cache.state if cache is not None else None)
+        starts = None if self.document_token is None else tokens == self.document_token
+        if starts is None:
+            out, state = self.rnn(x, cache.state if cache is not None else None)
+            if cache is not None:
+                cache.state = state
+        elif cache is None:
+            out = by_document(lambda d: self.rnn(d)[0], x, starts)
+        else:
+            outs = []
+            for a, b in pieces(starts):
+                if bool(starts[0, a]) and cache.length + a > 0:
+                    cache.state = None
+                piece, cache.state = self.rnn(x[:, a:b], cache.state)
+                outs.append(piece)
+            out = torch.cat(outs, dim=1)
         if cache is not None:
-            cache.state = state
             cache.length += tokens.shape[1]
         out = self.drop(out)
         if self.classify:

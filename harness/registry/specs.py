@@ -231,7 +231,9 @@ class ModelSpec(Spec):
     ``encoder``, ``decoder``, ``cross``), each of which a config may give its own variant; ``default_attention`` / ``default_position``: used when the config names none.
     ``extrapolates``: False for fixed-length models. ``width_param``: the integer
     hyper-parameter that sets the model's width (``d_model``, ``hidden``), which studies
-    adjust to match candidates by parameter count.
+    adjust to match candidates by parameter count. ``separates_documents``: the model keeps
+    the documents of a window apart when ``TaskInfo.document_token`` is set (a task's
+    ``documents: separate``); a model that does not is refused for such a task.
     """
 
     kind: ClassVar[str] = PluginKind.MODEL
@@ -245,6 +247,7 @@ class ModelSpec(Spec):
     default_position: str | None = None
     extrapolates: bool = True
     width_param: str | None = None
+    separates_documents: bool = False
     #: named presets: ``{"transformer++": {"params": {...}, "position": {"name": "rope"}}}``;
     #: a config's ``preset`` fills these in under the values it sets itself
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -253,7 +256,8 @@ class ModelSpec(Spec):
         uses = [u for u, flag in (("attention", self.uses_attention), ("mixer", self.uses_mixer),
                                   ("position", self.uses_position)) if flag]
         line = (f"task kinds: {', '.join(sorted(self.task_kinds))}; uses: {', '.join(uses) or 'neither'}"
-                + ("" if self.extrapolates else "; fixed length"))
+                + ("" if self.extrapolates else "; fixed length")
+                + ("; separates documents" if self.separates_documents else ""))
         return [line] + ([f"presets: {', '.join(self.presets)}"] if self.presets else [])
 
 

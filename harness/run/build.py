@@ -63,7 +63,7 @@ def build_task(p: Plan, seed: int) -> Task:
 def task_info(p: Plan, task: Task) -> TaskInfo:
     if task.streams:  # windows of train_length predicted tokens, never padded
         return TaskInfo(format=str(p.fmt), vocab_size=task.vocab.size, max_length=task.train_length,
-                        num_classes=task.num_classes)
+                        num_classes=task.num_classes, document_token=task.document_token)
     examples = task.examples("train", task.train_length)
     if not examples:
         raise ConfigError(f"task '{p.task.name}' has no training examples (at length "
@@ -71,7 +71,7 @@ def task_info(p: Plan, task: Task) -> TaskInfo:
     max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
         format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes,
-        extra=dict(task.model_hints),
+        extra=dict(task.model_hints), document_token=task.document_token,
     )
 
 

@@ -259,7 +259,21 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     parts = resolve_model(registry, config.model)
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
+    check_documents(task, parts.model)
     return Plan(config, task, parts, fmt)
+
+
+def check_documents(task: Component, model: Component) -> None:
+    """Refuse a model that cannot keep documents apart for a task that asks it to."""
+    separate = getattr(task.params, "separate_documents", None)
+    if separate is not None and separate() and not model.spec.separates_documents:
+        raise IncompatibleError(
+            f"task '{task.name}' keeps documents apart (task.params.documents: separate) and "
+            f"model '{model.name}' cannot (its ModelSpec does not declare separates_documents: "
+            f"it would let one document see another). Use a model that does (transformer, lstm, "
+            f"gru; `harness list --kind model --verbose` says which) or documents: packed, the "
+            f"same for every candidate of a study."
+        )
 
 
 def load_registry(config: RunConfig, registry: Registry | None) -> Registry:

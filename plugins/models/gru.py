@@ -23,4 +23,4 @@ class GRU(RecurrentLM):  # same shape as lstm.py by design: one file per variant
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(ModelSpec(name="gru", build=GRU, task_kinds=frozenset({"lm", "classification"}),
-                       width_param="width"))
+                       width_param="width", separates_documents=True))

@@ -23,4 +23,4 @@ class LSTM(RecurrentLM):  # same shape as gru.py by design: one file per variant
 @hookimpl
 def harness_register_model(register: Any) -> None:
     register(ModelSpec(name="lstm", build=LSTM, task_kinds=frozenset({"lm", "classification"}),
-                       width_param="width"))
+                       width_param="width", separates_documents=True))

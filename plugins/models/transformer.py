@@ -31,6 +31,10 @@ token. Both are bidirectional unless
 rejected for ``lm`` tasks: their targets are the inputs shifted by one, so a bidirectional
 model would read each answer from the next input.
 
+With ``task.params.documents: separate`` (``corpus_lm``) the model keeps the documents of a
+window apart (``TaskInfo.document_token``): each block's attention is masked block-diagonally
+and each mixer starts afresh at every document (``harness.nn.documents``).
+
 Causal models ignore ``padding_mask``: batches are right-padded, so no real token ever
 attends to a pad, and pads are never scored. This keeps the fused causal kernels.
 """
@@ -57,6 +61,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     ScaledEmbedding,
     TaskInfo,
     TransformerBlock,
+    documents,
     hookimpl,
     make_norm,
 )
@@ -116,6 +121,7 @@ class Transformer(nn.Module):
             raise ValueError("bidirectional_mixer runs a mixer both ways, which an encoder allows and a "
                              "causal model does not; drop it or set causal: false on a classification task")
         self.both_ways = cfg.bidirectional_mixer
+        self.document_token = task.document_token  # keep documents apart (harness.nn.documents)
         # unit-scale entries, as a lookup of the (scaled) token embedding gives
         self.cls = nn.Parameter(torch.randn(d)) if self.classify and cfg.pool == "cls" else None
         self.two_tower = self.classify and bool(task.extra.get("two_tower") if cfg.two_tower is None
@@ -183,7 +189,25 @@ class Transformer(nn.Module):
 
     def encode(self, tokens: Any, padding_mask: Any, cache: Any, return_attention: bool) -> tuple[Any, list[Any]]:
         """The stack's output (B, L, d) (L + 1 positions with a CLS vector first) and the
-        attention maps of its blocks."""
+        attention maps of its blocks. With ``task.document_token``, documents are kept apart
+        (``harness.nn.documents``): a full pass masks or resets at each start; a cached one
+        decodes the stretches between starts, forgetting the caches' state at each."""
+        if self.document_token is None:
+            return self._encode(tokens, padding_mask, cache, return_attention, None)
+        starts = tokens == self.document_token
+        if not cache:
+            return self._encode(tokens, padding_mask, cache, return_attention, starts)
+        outs = []
+        for a, b in documents.pieces(starts):
+            if bool(starts[0, a]) and cache[0]["self"].length > 0:
+                for layer in cache:
+                    documents.reset(layer["self"])
+            pad = None if padding_mask is None else padding_mask[:, a:b]
+            outs.append(self._encode(tokens[:, a:b], pad, cache, False, None)[0])
+        return torch.cat(outs, dim=1), [None] * len(self.blocks)
+
+    def _encode(self, tokens: Any, padding_mask: Any, cache: Any, return_attention: bool,
+                starts: Any) -> tuple[Any, list[Any]]:
         offset = cache[0]["self"].length if cache else 0
         x = self.embed(tokens)
         if self.cls is not None:  # a learned vector at position 0, never padding
@@ -196,7 +220,8 @@ class Transformer(nn.Module):
         maps = []
         for i, block in enumerate(self.blocks):
             x, weights = block(x, causal=self.causal, key_padding_mask=kpm, position=self.position,
-                               cache=cache[i] if cache else None, need_weights=return_attention)
+                               cache=cache[i] if cache else None, need_weights=return_attention,
+                               document_starts=starts)
             maps.append(weights["self"])
         return self.final_norm(x), maps
 
@@ -266,6 +291,7 @@ def harness_register_model(register: Any) -> None:
             uses_attention=True,
             uses_mixer=True,
             uses_position=True,
+            separates_documents=True,
             default_attention="multi_head",
             default_position="sinusoidal",
             width_param="d_model",

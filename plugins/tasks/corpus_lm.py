@@ -21,6 +21,13 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
   every length. A split needs ``eval_tokens + 1 + max(eval_lengths)`` tokens. Protocols as ``char_lm``: ``windows`` (consecutive
   windows, all scored) or ``sliding`` (windows advancing by ``score_last``, scoring their last
   ``score_last`` tokens; context before the scored text is read, unscored).
+* **documents**: ``packed`` (the default): a window is one stream, so attention reads the
+  previous document and a recurrent state carries it over ``<eod>``. ``separate``: each
+  ``<eod>`` starts a document the model keeps apart, in training and evaluation alike
+  (attention masked block-diagonally, recurrent and mixer state reset; positions not
+  restarted; see ``harness.nn.documents`` and docs/data.md, "Document boundaries"). Nothing
+  else changes: every target is still scored. A model that cannot keep documents apart is
+  refused before training; a study sets it once for every candidate.
 * **metrics**: loss, perplexity and bits per token (``bpc``), and bits per byte (``bpb``: the
   scored tokens' bits over the UTF-8 bytes they spell), which compares runs whose corpora
   were prepared with different tokenizers.
@@ -36,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
@@ -73,6 +80,10 @@ class CorpusLMConfig(TaskConfig):
     eval_tokens: Annotated[int, Ge(1)] = 16_384  # tokens scored per evaluation length and split
     eval_protocol: Annotated[str, Choice(("windows", "sliding"))] = "windows"
     score_last: Annotated[int, Ge(1)] = 32  # sliding protocol: tokens scored per window
+    documents: Literal["packed", "separate"] = "packed"  # separate: <eod> starts a document kept apart
+
+    def separate_documents(self) -> bool:
+        return self.documents == "separate"
 
     def train_split_tokens(self) -> int | None:
         """Tokens of the train split where it is already prepared (from its manifest, nothing
@@ -157,6 +168,7 @@ class CorpusLMTask(Task):
         tok = self.corpus.tokenizer
         super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
         self.token_bytes = [int(b) for b in tok.token_bytes()]
+        self.document_token = self.corpus.eod_id if config.separate_documents() else None
         self.train = self.corpus.require("train", config.length + 1, f"a training window ({config.length} + 1 tokens)")
         # room before the scored text for the sliding protocol's context, kept by both
         # protocols so that they score the same text
