@@ -30,11 +30,12 @@ class TaskConfig:
     num_train: Annotated[int, Ge(1)] = 10_000  # training examples
     num_val: Annotated[int, Ge(1)] = 500  # validation (and test) examples per length
 
-    def separate_documents(self) -> bool:
+    def separate_documents(self) -> bool | None:
         """Whether the task keeps the documents of a window apart (``Task.document_token``),
         which the model must support (``ModelSpec.separates_documents``): known before the
-        task is built, so that the plan refuses a model that cannot."""
-        return False
+        task is built, so that the plan refuses a model that cannot. None (the default): the
+        task's sequences are not windows of packed documents; False: they are, packed."""
+        return None
 
     def __post_init__(self) -> None:
         shorter = sorted({n for n in self.eval_lengths if n < self.length})

@@ -82,7 +82,7 @@ def by_document(fn: Callable[[Tensor], Tensor], x: Tensor, starts: Tensor) -> Te
 
 
 @functools.cache
-def takes_starts(cls: type) -> bool:
+def takes_starts(cls: Any) -> bool:
     """Whether a layer class's ``forward`` takes ``document_starts`` (keeps documents apart
     itself); other layers are run document by document (:func:`by_document`)."""
     return "document_starts" in inspect.signature(cls.forward).parameters
@@ -94,7 +94,7 @@ def mix(layer: Any, x: Tensor, starts: Tensor | None, **kwargs: Any) -> tuple[Te
     does it itself; any other is run one document at a time (parallel form only)."""
     if starts is None:
         return layer(x, **kwargs)  # type: ignore[no-any-return]
-    if takes_starts(type(layer)):
+    if takes_starts(type(layer)):  # type: ignore[arg-type]
         return layer(x, document_starts=starts, **kwargs)  # type: ignore[no-any-return]
     if kwargs.get("cache") is not None:
         raise ValueError("document_starts applies to a full pass; a cached model resets its "
@@ -118,8 +118,9 @@ def pieces(starts: Tensor) -> list[tuple[int, int]]:
 
 
 def reset(cache: Any) -> None:
-    """Forget a layer's decoding state at a document start; its ``length`` (the positions seen,
-    which number the next ones) is kept."""
+    """Forget a layer's decoding state at a document start: the layer reads the next document
+    from its position 0, as :func:`by_document` runs it in a full pass."""
+    cache.length = 0
     cache.state.clear()
     for name in ("k", "v", "k_pos", "key_padding_mask"):
         if hasattr(cache, name):

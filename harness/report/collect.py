@@ -114,6 +114,11 @@ class Protocol:
         return f"val/{self.metric} @{self.length}"
 
 
+#: what the protocol paragraph says of a task's documents (the study record's ``documents``)
+DOCUMENTS = {"packed": " (documents packed: a window spans <eod>, its tokens see the previous document)",
+             "separate": " (documents kept apart: no token sees another document)"}
+
+
 def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
     cfg = handle.config
     b = cfg.budget
@@ -127,7 +132,7 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         baseline=cfg.baseline, confidence=cfg.confirm.confidence, test=cfg.confirm.test,
         seeds=tuple(cfg.confirm_seeds()), param_target=cfg.budget.params,
         front_cost=front_cost(handle), vary_data=cfg.confirm.vary_data, complete=complete,
-        task=f"{cfg.task.name} {cfg.task.params}",
+        task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
         description=cfg.description.strip(), untuned=b.trials < 2)

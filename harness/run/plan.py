@@ -263,10 +263,17 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     return Plan(config, task, parts, fmt)
 
 
+def documents_of(task_params: Any) -> str | None:
+    """How a task's windows treat documents: ``packed``, ``separate``, or None (a task whose
+    sequences are not windows of packed documents); what the ``harness.documents`` tag says."""
+    separate = getattr(task_params, "separate_documents", None)
+    flag = separate() if separate is not None else None
+    return None if flag is None else ("separate" if flag else "packed")
+
+
 def check_documents(task: Component, model: Component) -> None:
     """Refuse a model that cannot keep documents apart for a task that asks it to."""
-    separate = getattr(task.params, "separate_documents", None)
-    if separate is not None and separate() and not model.spec.separates_documents:
+    if documents_of(task.params) == "separate" and not model.spec.separates_documents:
         raise IncompatibleError(
             f"task '{task.name}' keeps documents apart (task.params.documents: separate) and "
             f"model '{model.name}' cannot (its ModelSpec does not declare separates_documents: "

@@ -20,7 +20,7 @@ from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, v
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
 from harness.run.fit import Fitted
-from harness.run.plan import Plan
+from harness.run.plan import Plan, documents_of
 from harness.runtime import devices
 from harness.store import tracking
 
@@ -42,6 +42,8 @@ def provenance_tags(p: Plan) -> dict[str, str]:
     if commit:
         tags[Tag.GIT_COMMIT] = commit
     tags[Tag.BATCH_FORMAT] = str(p.fmt)
+    if (docs := documents_of(p.task.params)) is not None:
+        tags[Tag.DOCUMENTS] = docs
     return tags
 
 

@@ -336,10 +336,11 @@ def _check_candidate_task(space: StudySpace, cand: CandidateSpace) -> None:
     where = f"candidates[{cand.index}].task"
     spec = space.registry.get("task", space.config.task.name)
     params = space.task_config(cand)["params"]
+    from harness.run.plan import documents_of
+
     own = resolve(spec.config, params, where)
     study = resolve(spec.config, space.config.task.params, "task.params")
-    separate = getattr(own, "separate_documents", None)
-    if separate is not None and separate() != study.separate_documents():
+    if documents_of(own) != documents_of(study):
         raise ConfigError(f"{where}: documents differs from the study's task.params: every candidate "
                           f"must see documents the same way (packed or separate); set it once in "
                           f"task.params.")

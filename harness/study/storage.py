@@ -378,11 +378,14 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
                     if seed is not None:
                         attrs[Attr.SEED] = seed
                     study.enqueue_trial({}, user_attrs=attrs)
+    from harness.run.plan import documents_of
+
     record = {
         "name": name, "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
         "parent_run_id": parent, "tracking_uri": tracker.uri, "experiment": experiment,
         "notes": space.notes, "train_length": space.train_length,
         "eval_lengths": list(space.eval_lengths), "created": time.time(), "ready": True,
+        "documents": documents_of(space.task.config),
     }
     record_id = storage.get_study_id_from_name(record_study_name(name))
     storage.set_study_user_attr(record_id, "about", "the harness's bookkeeping for study "

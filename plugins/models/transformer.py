@@ -55,6 +55,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     FloatRange,
     Ge,
     IntRange,
+    LayerCache,
     Lt,
     ModelSpec,
     PositionScheme,
@@ -167,7 +168,10 @@ class Transformer(nn.Module):
                           for b in self.blocks)
 
     def new_cache(self) -> list[Any]:
-        return [block.new_cache() for block in self.blocks]
+        caches = [block.new_cache() for block in self.blocks]
+        if self.document_token is not None:  # the window's positions (layers restart at documents)
+            caches[0]["window"] = LayerCache()
+        return caches
 
     def state_size(self, length: int) -> int:
         """Decoding-state elements per sequence of all blocks after ``length`` positions."""
@@ -197,18 +201,20 @@ class Transformer(nn.Module):
         starts = tokens == self.document_token
         if not cache:
             return self._encode(tokens, padding_mask, cache, return_attention, starts)
-        outs = []
+        outs, window = [], cache[0]["window"]  # the model's positions run on over documents
         for a, b in documents.pieces(starts):
-            if bool(starts[0, a]) and cache[0]["self"].length > 0:
+            if bool(starts[0, a]) and window.length + a > 0:
                 for layer in cache:
                     documents.reset(layer["self"])
             pad = None if padding_mask is None else padding_mask[:, a:b]
-            outs.append(self._encode(tokens[:, a:b], pad, cache, False, None)[0])
+            outs.append(self._encode(tokens[:, a:b], pad, cache, False, None, offset=window.length + a)[0])
+        window.length += tokens.shape[1]
         return torch.cat(outs, dim=1), [None] * len(self.blocks)
 
     def _encode(self, tokens: Any, padding_mask: Any, cache: Any, return_attention: bool,
-                starts: Any) -> tuple[Any, list[Any]]:
-        offset = cache[0]["self"].length if cache else 0
+                starts: Any, offset: int | None = None) -> tuple[Any, list[Any]]:
+        if offset is None:
+            offset = cache[0]["self"].length if cache else 0
         x = self.embed(tokens)
         if self.cls is not None:  # a learned vector at position 0, never padding
             x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], dim=1)
