@@ -44,7 +44,10 @@ LAYERS = _layers()
 
 def build(registry, kind, name, model, *, separate, position="none"):
     params = {"d_model": 16, "heads": 2, "layers": 2} if model == "transformer" else {"width": 16}
-    roles = {kind: ComponentConfig(name=name)} if kind else {}
+    roles = {}
+    if kind:  # chunked forms in chunks of 5: documents cross chunks, the last one padded
+        fields = registry.get(kind, name).config.__dataclass_fields__
+        roles[kind] = ComponentConfig(name=name, params={c: 5 for c in ("chunk", "chunk_size") if c in fields})
     if model == "transformer":
         roles["position"] = ComponentConfig(name=position)
     parts = resolve_model(registry, ModelConfig(name=model, params=params, **roles))

@@ -57,9 +57,7 @@ class Documents:
         counts = local[:, -1] + 1
         first = torch.cumsum(counts, 0) - counts  # the batch row of each row's first document
         self.row = (first[:, None] + local).reshape(-1)
-        t = torch.arange(length, device=starts.device).expand(b, length)
-        begin = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
-        self.place = (t - begin).reshape(-1)
+        self.place = places(starts).reshape(-1)
         self.n, self.width = int(counts.sum()), int(self.place.max()) + 1
         self.shape = (b, length)
 
@@ -72,6 +70,13 @@ class Documents:
     def merge(self, y: Tensor) -> Tensor:
         """(n, width, ...) -> (B, L, ...): the inverse of :meth:`split`."""
         return y[self.row, self.place].reshape(*self.shape, *y.shape[2:])
+
+
+def places(starts: Tensor) -> Tensor:
+    """(B, L) bool -> (B, L) long: each position's distance from its document's start (from
+    the window's start for the positions before the first one)."""
+    t = torch.arange(starts.shape[1], device=starts.device).expand_as(starts)
+    return t - torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
 
 
 def by_document(fn: Callable[[Tensor], Tensor], x: Tensor, starts: Tensor) -> Tensor:

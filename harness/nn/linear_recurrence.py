@@ -86,49 +86,67 @@ def _chunks(x: Tensor, chunk: int) -> Tensor:
     return x.view(b, h, -1, chunk, d)
 
 
-def _decays(log_decay: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """From chunked log decays (B, H, N, C, G): the cumulative B_t, e^{B_t - B_s} (s <= t,
-    0 above the diagonal; (B, H, N, C, C, G)), e^{B_C - B_t} and e^{B_C}."""
+def _decays(log_decay: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """From chunked log decays (B, H, N, C, G): e^{B_t} (B_t cumulative), e^{B_t - B_s} (s <= t,
+    0 above the diagonal; (B, H, N, C, C, G)), e^{B_C - B_t} and e^{B_C}.
+
+    ``starts`` (B, 1, N, C, 1), 1 at document starts: a start's decay is 0 (the state carried
+    into it is forgotten), so every factor whose span crosses a start is exactly 0. With c_t
+    the starts at or before t in the chunk: e^{B_t - B_s} is kept where c_t = c_s, e^{B_t}
+    where c_t = 0, e^{B_C - B_t} where c_C = c_t, e^{B_C} where c_C = 0 (no -inf is summed)."""
     cum = log_decay.cumsum(-2)
     size = cum.shape[-2]
     causal = torch.ones(size, size, dtype=torch.bool, device=cum.device).tril()
     diff = cum.unsqueeze(-2) - cum.unsqueeze(-3)
     pair = diff.masked_fill(~causal[..., None], float("-inf")).exp()
     last = cum[..., -1:, :]
-    return cum, pair, (last - cum).exp(), last.exp()
+    start, to_end, whole = cum.exp(), (last - cum).exp(), last.exp()
+    if starts is not None:
+        c = starts.cumsum(-2)
+        pair = pair * (c.unsqueeze(-2) == c.unsqueeze(-3))
+        start, to_end, whole = start * (c == 0), to_end * (c[..., -1:, :] == c), whole * (c[..., -1:, :] == 0)
+    return start, pair, to_end, whole
 
 
-def _run(fn: ChunkFn, *args: Any, chunk: int, state: Tensor | None) -> tuple[Tensor, Tensor]:
+def _starts(starts: Tensor | None, chunk: int) -> Tensor | None:
+    """(B, L) document starts -> (B, 1, N, C, 1) chunked, as floats (see :func:`_decays`)."""
+    return None if starts is None else _chunks(starts[:, None, :, None].float(), chunk)
+
+
+def _run(fn: ChunkFn, *args: Any, chunk: int, state: Tensor | None,
+         starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Call ``fn`` in float32 (or float64) with autocast off; outputs in the input dtype,
     the state in the compute dtype."""
     q = args[0]
     dtype = compute_dtype(q)
+    chunk = max(1, min(chunk, q.shape[-2]))
     with torch.autocast(device_type=q.device.type, enabled=False):
         cast = [a.to(dtype) if isinstance(a, Tensor) else a for a in args]
-        out, new_state = fn(*cast, chunk=max(1, min(chunk, q.shape[-2])),
-                            state=None if state is None else state.to(dtype))
+        out, new_state = fn(*cast, chunk=chunk, state=None if state is None else state.to(dtype),
+                            starts=_starts(starts, chunk))
     return out.to(q.dtype), new_state
 
 
 def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk: int,
-                             state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                             state: Tensor | None = None, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Decayed linear attention over whole sequences: q, k (B, H, L, Dk), v (B, H, L, Dv),
-    ``log_decay`` (B, H, L, Dk) or (B, H, L, 1); ``state`` S_0 (B, H, Dk, Dv) or None (zeros).
-    Returns the outputs (B, H, L, Dv) and the final state."""
-    return _run(_linear_attention, q, k, v, log_decay, chunk=chunk, state=state)
+    ``log_decay`` (B, H, L, Dk) or (B, H, L, 1); ``state`` S_0 (B, H, Dk, Dv) or None (zeros);
+    ``starts`` (B, L) bool or None: document starts, where the carried state is multiplied
+    by 0 (a_t = 0). Returns the outputs (B, H, L, Dv) and the final state."""
+    return _run(_linear_attention, q, k, v, log_decay, chunk=chunk, state=state, starts=starts)
 
 
 def _linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk: int,
-                      state: Tensor | None) -> tuple[Tensor, Tensor]:
+                      state: Tensor | None, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     b, h, length, dk = q.shape
     qc, kc, vc, gc = (_chunks(t, chunk) for t in (q, k, v, log_decay))
-    cum, pair, to_end, whole = _decays(gc)
+    from_start, pair, to_end, whole = _decays(gc, starts)
     if gc.shape[-1] == 1:  # one decay per head: (D ⊙ QKᵀ) V
         scores = (qc @ kc.transpose(-1, -2)) * pair[..., 0]
     else:  # per key dimension: Σ_d q_td k_sd e^{B_td - B_sd}
         scores = torch.einsum("...td,...tsd,...sd->...ts", qc, pair, kc)
     intra = scores @ vc
-    q_in, k_out, carry = qc * cum.exp(), kc * to_end, whole.transpose(-1, -2)
+    q_in, k_out, carry = qc * from_start, kc * to_end, whole.transpose(-1, -2)
     s = state if state is not None else q.new_zeros(b, h, dk, v.shape[-1])
     outs = []
     # chunks by unbind, not by index: the gradient of an indexed chunk is a zero tensor of the
@@ -154,30 +172,31 @@ def linear_attention_step(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor,
 
 
 def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, *,
-                       chunk: int, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       chunk: int, state: Tensor | None = None,
+                       starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The (gated) delta rule over whole sequences: q, k (B, H, L, Dk), v (B, H, L, Dv),
-    ``beta`` (B, H, L), ``log_decay`` (B, H, L) or None (no decay); ``state`` as in
-    :func:`chunked_linear_attention`."""
+    ``beta`` (B, H, L), ``log_decay`` (B, H, L) or None (no decay); ``state`` and ``starts``
+    as in :func:`chunked_linear_attention` (a start: S_t = b_t k_t v_tᵀ)."""
     g = torch.zeros_like(beta) if log_decay is None else log_decay
-    return _run(_delta_rule, q, k, v, beta, g, chunk=chunk, state=state)
+    return _run(_delta_rule, q, k, v, beta, g, chunk=chunk, state=state, starts=starts)
 
 
 def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor, *, chunk: int,
-                state: Tensor | None) -> tuple[Tensor, Tensor]:
+                state: Tensor | None, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     b, h, length, dk = q.shape
     dv = v.shape[-1]
     qc, kc, vc = (_chunks(t, chunk) for t in (q, k, v))
     bc, gc = (_chunks(t.unsqueeze(-1), chunk) for t in (beta, log_decay))
-    cum, pair, to_end, whole = _decays(gc)
+    from_start, pair, to_end, whole = _decays(gc, starts)
     pair = pair[..., 0]
     strict = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril(-1)
     lower = (bc * (kc @ kc.transpose(-1, -2)) * pair).masked_fill(~strict, 0.0)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    rhs = torch.cat([bc * vc, bc * cum.exp() * kc], dim=-1)
+    rhs = torch.cat([bc * vc, bc * from_start * kc], dim=-1)
     solved = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
     u_v, w = solved.split([dv, dk], dim=-1)
     scores = (qc @ kc.transpose(-1, -2)) * pair
-    q_in, k_out = qc * cum.exp(), kc * to_end
+    q_in, k_out = qc * from_start, kc * to_end
     s = state if state is not None else q.new_zeros(b, h, dk, dv)
     outs = []
     for uv_i, w_i, q_i, score_i, whole_i, k_i in zip(
@@ -214,8 +233,12 @@ class ShortConvolution(nn.Module):
         self.conv = nn.Conv1d(channels, channels, kernel, groups=channels, bias=False)
         self.kernel = kernel
 
-    def forward(self, x: Tensor, state: dict[str, Any] | None = None, key: str = "conv") -> Tensor:
-        """x (B, L, channels); with ``state``, continue from ``state[key]`` and update it."""
+    def forward(self, x: Tensor, state: dict[str, Any] | None = None, key: str = "conv",
+                starts: Tensor | None = None) -> Tensor:
+        """x (B, L, channels); with ``state``, continue from ``state[key]`` and update it.
+        ``starts`` (B, L; no state): document starts, which no input before them reaches."""
+        if starts is not None:
+            return F.silu(self.masked(x, starts))
         keep = self.kernel - 1
         prev = state.get(key) if state is not None else None
         if prev is None:
@@ -226,17 +249,32 @@ class ShortConvolution(nn.Module):
         y = F.conv1d(padded.transpose(1, 2), self.conv.weight, groups=x.shape[2])
         return F.silu(y.transpose(1, 2))
 
+    def masked(self, x: Tensor, starts: Tensor) -> Tensor:
+        """The convolution as a sum over its K lags, each input kept only where no document
+        starts between it and the output: y_t = Σ_j w_{K-1-j} x_{t-j} [c_{t-j} = c_t]."""
+        docs = starts.long().cumsum(1)
+        weight = self.conv.weight[:, 0].to(x.dtype)  # (channels, K)
+        y = x * weight[:, -1]
+        for j in range(1, self.kernel):
+            if j >= x.shape[1]:
+                break
+            shifted = F.pad(x[:, :-j], (0, 0, j, 0))
+            same = F.pad(docs[:, :-j], (j, 0), value=-1) == docs
+            y = y + shifted * same.unsqueeze(-1).to(x.dtype) * weight[:, -1 - j]
+        return y
+
     def state_size(self) -> int:
         return (self.kernel - 1) * self.conv.in_channels
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk: int,
-                     state: dict[str, Any] | None) -> Tensor:
+                     state: dict[str, Any] | None, starts: Tensor | None = None) -> Tensor:
     """Decayed linear attention over the positions of q, k, v (B, H, l, ·): the chunked form
-    from zeros (``state`` None), else continued from ``state["S"]``, which is updated (one
-    position: the recurrent step; several: the chunked form from that state)."""
+    from zeros (``state`` None; ``starts``: document starts, where the state is forgotten),
+    else continued from ``state["S"]``, which is updated (one position: the recurrent step;
+    several: the chunked form from that state)."""
     if state is None:
-        return chunked_linear_attention(q, k, v, log_decay, chunk=chunk)[0]
+        return chunked_linear_attention(q, k, v, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         out, state["S"] = linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :],
                                                 log_decay[..., 0, :], state.get("S"))
@@ -246,10 +284,10 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chun
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, *, chunk: int,
-               state: dict[str, Any] | None) -> Tensor:
+               state: dict[str, Any] | None, starts: Tensor | None = None) -> Tensor:
     """The (gated) delta rule over the positions of q, k, v, as :func:`linear_attention`."""
     if state is None:
-        return chunked_delta_rule(q, k, v, beta, log_decay, chunk=chunk)[0]
+        return chunked_delta_rule(q, k, v, beta, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         g = None if log_decay is None else log_decay[..., 0]
         out, state["S"] = delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], g,
@@ -261,15 +299,21 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor 
 
 class RecurrentMixer(Mixer):
     """A mixer whose parallel and cached forms are one computation, :meth:`run`, from a
-    zero state (``state`` None) or continued from ``state`` over absolute ``positions``."""
+    zero state (``state`` None) or continued from ``state`` over absolute ``positions``.
+    ``starts`` (a full pass only): document starts, where the state is multiplied by 0
+    (:mod:`harness.nn.documents`)."""
 
-    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
-        return self.run(x, torch.arange(x.shape[1], device=x.device), position, None)
+    resets = True
+
+    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any,
+            document_starts: Tensor | None = None) -> Tensor:
+        return self.run(x, torch.arange(x.shape[1], device=x.device), position, None, starts=document_starts)
 
     def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
         return self.run(x, positions, position, state)
 
-    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None) -> Tensor:
+    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+            starts: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
 
@@ -289,11 +333,11 @@ class DeltaRuleInputs(nn.Module):
         self.conv = ShortConvolution(sum(widths), conv_size)
         self.b_proj = nn.Linear(d_model, num_heads, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, position: Any,
-                state: dict[str, Any] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+                starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         dtype = compute_dtype(x)
         q, k, v = (split_heads(t, self.num_heads).to(dtype)
-                   for t in self.conv(self.qkv_proj(x), state).split(self.widths, dim=-1))
+                   for t in self.conv(self.qkv_proj(x), state, starts=starts).split(self.widths, dim=-1))
         q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
         if position is not None:
             q, k = position.rotate(q, k, positions, positions)

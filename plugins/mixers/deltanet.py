@@ -81,9 +81,10 @@ class DeltaNet(lr.RecurrentMixer):
         self.norm = nn.RMSNorm(self.dv, eps=1e-5)
         self.out_proj = nn.Linear(num_heads * self.dv, d_model, bias=False)
 
-    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None) -> Tensor:
-        q, k, v, beta = self.inputs(x, positions, position, state)
-        o = lr.delta_rule(q, k, v, beta, None, chunk=self.chunk, state=state)
+    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+            starts: Tensor | None = None) -> Tensor:
+        q, k, v, beta = self.inputs(x, positions, position, state, starts)
+        o = lr.delta_rule(q, k, v, beta, None, chunk=self.chunk, state=state, starts=starts)
         return self.out_proj(lr.merge_heads(self.norm(o)).to(x.dtype))
 
     def state_size(self, length: int) -> int:

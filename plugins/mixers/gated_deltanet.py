@@ -88,11 +88,12 @@ class GatedDeltaNet(lr.RecurrentMixer):  # same shape as gla.py by design: one f
         self.norm = nn.RMSNorm(self.dv, eps=1e-5)
         self.out_proj = nn.Linear(h * self.dv, d_model, bias=False)
 
-    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None) -> Tensor:
-        q, k, v, beta = self.inputs(x, positions, position, state)
+    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+            starts: Tensor | None = None) -> Tensor:
+        q, k, v, beta = self.inputs(x, positions, position, state, starts)
         a = self.a_proj(x).to(lr.compute_dtype(x)) + self.dt_bias
         log_alpha = (-self.A_log.exp() * F.softplus(a)).transpose(1, 2)
-        o = lr.delta_rule(q, k, v, beta, log_alpha, chunk=self.chunk, state=state)
+        o = lr.delta_rule(q, k, v, beta, log_alpha, chunk=self.chunk, state=state, starts=starts)
         gate = F.silu(lr.split_heads(self.g_proj(x), self.num_heads))
         return self.out_proj(lr.merge_heads(self.norm(o) * gate).to(x.dtype))
 

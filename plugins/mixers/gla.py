@@ -82,7 +82,8 @@ class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one 
         for weight in (self.q_proj.weight, self.k_proj.weight, self.gate[0].weight, self.gate[1].weight):
             nn.init.xavier_uniform_(weight, gain=2**-2.5)
 
-    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None) -> Tensor:
+    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+            starts: Tensor | None = None) -> Tensor:
         h, dtype = self.num_heads, lr.compute_dtype(x)
         q = lr.split_heads(self.q_proj(x), h).to(dtype)
         k = lr.split_heads(self.k_proj(x), h).to(dtype)
@@ -90,7 +91,8 @@ class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one 
             q, k = position.rotate(q, k, positions, positions)
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_alpha = F.logsigmoid(lr.split_heads(self.gate(x), h).to(dtype)) / self.temperature
-        o = lr.linear_attention(q, k * self.dk**-0.5, v, log_alpha, chunk=self.chunk, state=state)
+        o = lr.linear_attention(q, k * self.dk**-0.5, v, log_alpha, chunk=self.chunk, state=state,
+                                starts=starts)
         o = F.layer_norm(o, (self.dv,))
         return self.out_proj(F.silu(self.r_proj(x)) * lr.merge_heads(o).to(x.dtype))
 

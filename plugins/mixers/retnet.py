@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import Complexity, Ge, IntRange, Le, MixerSpec, hookimpl
+from harness.plugin import Complexity, Ge, IntRange, Le, MixerSpec, documents, hookimpl
 from harness.plugin import linear_recurrence as lr
 
 
@@ -107,18 +107,21 @@ class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by desi
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
-    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None) -> Tensor:
+    def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
+            starts: Tensor | None = None) -> Tensor:
         h, dtype = self.num_heads, lr.compute_dtype(x)
         q = self.rotate(lr.split_heads(self.q_proj(x), h).to(dtype), positions)
         k = self.rotate(lr.split_heads(self.k_proj(x), h).to(dtype), positions) * self.dk**-0.5
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_gamma = self.log_gamma(q)
         log_decay = log_gamma.view(1, h, 1, 1).expand(x.shape[0], h, x.shape[1], 1)
-        o = lr.linear_attention(q, k, v, log_decay, chunk=self.chunk, state=state)
-        # decay normalisation: 1 / sqrt(Σ_{i=0}^{n} γ^i) = sqrt((1 - γ) / (1 - γ^(n+1)))
-        n1 = positions.to(dtype)[None, :] + 1
-        scale = (torch.expm1(log_gamma)[:, None] / torch.expm1(n1 * log_gamma[:, None])).sqrt()
-        y = lr.merge_heads(o * scale[None, :, :, None])
+        o = lr.linear_attention(q, k, v, log_decay, chunk=self.chunk, state=state, starts=starts)
+        # decay normalisation: 1 / sqrt(Σ_{i=0}^{n} γ^i) = sqrt((1 - γ) / (1 - γ^(n+1))), n
+        # counted from the document's start (the rotation above is relative: left as it is)
+        n = positions[None, :] if starts is None else documents.places(starts)
+        n1 = n.to(dtype)[:, None, :, None] + 1
+        scale = (torch.expm1(log_gamma)[:, None, None] / torch.expm1(n1 * log_gamma[:, None, None])).sqrt()
+        y = lr.merge_heads(o * scale)
         y = self.group_norm(y.reshape(-1, y.shape[-1])).view_as(y).to(x.dtype)
         return self.out_proj(F.silu(self.g_proj(x)) * y)
 
