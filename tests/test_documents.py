@@ -172,3 +172,21 @@ def test_corpus_lm_trains_with_documents_kept_apart_and_says_so(registry, tmp_pa
     run = MlflowClient(tracking.tracking_uri()).get_run(result.run_id)
     assert run.data.tags[Tag.DOCUMENTS] == "separate"
     assert run.data.params["task.params.documents"] == "separate"
+
+
+def test_a_study_refuses_candidates_that_see_documents_differently(registry, tmp_path):
+    from harness.errors import ConfigError
+    from harness.study.schema import parse_study_config
+    from harness.study.space import validate
+
+    model = {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 16}}
+    data = {"name": "docs", "task": {"name": "corpus_lm", "params": {
+                "path": str(corpus(tmp_path)), "length": 16, "eval_tokens": 64}},
+            "candidates": [{"name": "a", "model": model},
+                           {"name": "b", "model": model, "task": {"documents": "separate"}}],
+            "objective": {"metric": "loss"}, "train": {"num_threads": 1},
+            "budget": {"trials": 1, "steps": 4}}
+    with pytest.raises(ConfigError, match=r"candidates\[1\]\.task: documents differs"):
+        validate(parse_study_config(data), registry)
+    data["candidates"][1]["task"] = {"eval_tokens": 64}  # agreeing params are fine
+    validate(parse_study_config(data), registry)
