@@ -106,6 +106,14 @@ def test_a_cached_decode_forgets_the_previous_document_as_a_full_pass_does(regis
     assert float((full - stepped).abs().max()) < 1e-9, f"{name or model}: cached decoding differs"
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5_bias", "relative", "sinusoidal", "learned"])
+def test_every_position_scheme_keeps_documents_apart(registry, position):
+    tokens, other = windows()
+    m = build(registry, "attention", "multi_head", "transformer", separate=True, position=position)
+    with torch.no_grad():
+        assert after_last(m(tokens), m(other)) < 1e-12
+
+
 def test_masked_attention_keeps_the_fused_kernel_equal_to_the_explicit_softmax(registry):
     """The block-diagonal mask through SDPA equals the explicit softmax path (need_weights),
     and the weights give no query a key of another document."""
@@ -190,3 +198,37 @@ def test_a_study_refuses_candidates_that_see_documents_differently(registry, tmp
         validate(parse_study_config(data), registry)
     data["candidates"][1]["task"] = {"eval_tokens": 64}  # agreeing params are fine
     validate(parse_study_config(data), registry)
+
+
+NATIVE = [(kind, name) for kind, name, _ in LAYERS if kind is not None]
+
+
+@pytest.mark.parametrize(("kind", "name"), NATIVE, ids=[n for _, n in NATIVE])
+def test_a_native_mask_or_reset_has_the_gradients_of_one_document_per_row(registry, kind, name, monkeypatch):
+    """Layers that mask (attention) or reset (linear recurrences, selective scans) natively
+    against the same layer run one document per row (``documents.by_document``, exact for any
+    causal layer): outputs and every parameter's gradient, float64."""
+    from harness.nn.attention import Attention
+    from harness.nn.mixer import Mixer
+
+    layer = registry.get(kind, name).build
+    native = (issubclass(layer, Mixer) and layer.resets) or (
+        issubclass(layer, Attention) and harness.nn.attention.masks_documents(layer))
+    if not native:
+        pytest.skip(f"{name} runs one document per row already")
+    m = build(registry, kind, name, "transformer", separate=True, position="alibi" if kind == "attention" else "none")
+    tokens = windows()[0]
+
+    def grads():
+        m.zero_grad()
+        out = m(tokens)
+        out.square().mean().backward()
+        return out.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+
+    out, got = grads()
+    monkeypatch.setattr(layer, "resets" if issubclass(layer, Mixer) else "masks_documents", False)
+    ref, expected = grads()
+    assert float((out - ref).abs().max()) < 1e-12, float((out - ref).abs().max())
+    assert got.keys() == expected.keys()
+    for k in got:
+        assert torch.allclose(got[k], expected[k], rtol=1e-9, atol=1e-12), k

@@ -196,9 +196,11 @@ class Attention(nn.Module):
     #: for each hook a variant cannot apply, the reason (shown when a pairing is rejected)
     why_not: ClassVar[dict[str, str]] = {}
     #: whether ``attend`` takes ``segments`` (documents' ids, see :func:`allowed_mask`) and
-    #: masks across documents; None: derived (True where ``attend`` is the base class's or
-    #: :class:`FusedDotProductAttention`'s). A variant that does not is run one document at
-    #: a time (:mod:`harness.nn.documents`) when documents are kept apart.
+    #: masks across documents; None: derived (True where ``attend`` is
+    #: :class:`FusedDotProductAttention`'s: dot-product scores, whose position hooks see only
+    #: distances, so a mask over the window's positions equals each document read from its
+    #: position 0). A variant that does not is run one document at a time
+    #: (:mod:`harness.nn.documents`) when documents are kept apart.
     masks_documents: ClassVar[bool | None] = None
 
     # keyword-only signature: its likeness to TransformerBlock.forward's is layout, not logic
@@ -524,4 +526,4 @@ def masks_documents(cls: type[Attention]) -> bool:
     declared = cls.masks_documents
     if declared is not None:
         return declared
-    return cls.attend in (Attention.attend, FusedDotProductAttention.attend)
+    return cls.attend is FusedDotProductAttention.attend

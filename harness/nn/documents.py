@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -77,6 +78,28 @@ def places(starts: Tensor) -> Tensor:
     the window's start for the positions before the first one)."""
     t = torch.arange(starts.shape[1], device=starts.device).expand_as(starts)
     return t - torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
+
+
+def causal_conv(x: Tensor, weight: Tensor, starts: Tensor) -> Tensor:
+    """A depthwise causal convolution of ``x`` (B, L, C) by ``weight`` (C, K) (its last column
+    multiplies the current input, as ``F.conv1d`` after K - 1 zeros of left padding) whose
+    lags never reach across a document start: y_t = Σ_j w_{K-1-j} x_{t-j} [same document]."""
+    docs = document_ids(starts)
+    y = x * weight[:, -1]
+    for j in range(1, min(weight.shape[1], x.shape[1])):
+        shifted = F.pad(x[:, :-j], (0, 0, j, 0))
+        same = F.pad(docs[:, :-j], (j, 0), value=-1) == docs
+        y = y + shifted * same.unsqueeze(-1).to(x.dtype) * weight[:, -1 - j]
+    return y
+
+
+def chunk_counts(starts: Tensor, chunk: int) -> Tensor:
+    """(B, L) starts -> (B, N, C): per chunk of ``chunk`` positions (the last one padded with
+    no start), the starts at or before each position. A decay factor from s to t (s <= t in a
+    chunk) spans no start where the counts are equal; from the chunk's start to t where
+    t's count is 0 (what the chunked forms of the linear recurrences mask)."""
+    padded = F.pad(starts.long(), (0, -starts.shape[1] % chunk))
+    return padded.view(starts.shape[0], -1, chunk).cumsum(-1)
 
 
 def by_document(fn: Callable[[Tensor], Tensor], x: Tensor, starts: Tensor) -> Tensor:

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.nn import documents
 from harness.nn.mixer import Mixer
 
 ChunkFn = Callable[..., tuple[Tensor, Tensor]]
@@ -238,7 +239,7 @@ class ShortConvolution(nn.Module):
         """x (B, L, channels); with ``state``, continue from ``state[key]`` and update it.
         ``starts`` (B, L; no state): document starts, which no input before them reaches."""
         if starts is not None:
-            return F.silu(self.masked(x, starts))
+            return F.silu(documents.causal_conv(x, self.conv.weight[:, 0].to(x.dtype), starts))
         keep = self.kernel - 1
         prev = state.get(key) if state is not None else None
         if prev is None:
@@ -248,20 +249,6 @@ class ShortConvolution(nn.Module):
             state[key] = padded[:, padded.shape[1] - keep:]
         y = F.conv1d(padded.transpose(1, 2), self.conv.weight, groups=x.shape[2])
         return F.silu(y.transpose(1, 2))
-
-    def masked(self, x: Tensor, starts: Tensor) -> Tensor:
-        """The convolution as a sum over its K lags, each input kept only where no document
-        starts between it and the output: y_t = Σ_j w_{K-1-j} x_{t-j} [c_{t-j} = c_t]."""
-        docs = starts.long().cumsum(1)
-        weight = self.conv.weight[:, 0].to(x.dtype)  # (channels, K)
-        y = x * weight[:, -1]
-        for j in range(1, self.kernel):
-            if j >= x.shape[1]:
-                break
-            shifted = F.pad(x[:, :-j], (0, 0, j, 0))
-            same = F.pad(docs[:, :-j], (j, 0), value=-1) == docs
-            y = y + shifted * same.unsqueeze(-1).to(x.dtype) * weight[:, -1 - j]
-        return y
 
     def state_size(self) -> int:
         return (self.kernel - 1) * self.conv.in_channels

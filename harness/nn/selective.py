@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from annotated_types import Ge, Gt
 from torch import Tensor, nn
 
+from harness.nn import documents
 from harness.nn.mixer import Mixer
 from harness.params import Choice, IntRange
 
@@ -43,16 +44,20 @@ class SelectiveConfig:
 
 class SelectiveMixer(Mixer):
     """A mixer whose parallel form is its recurrent form from an empty state: subclasses
-    implement ``run(x, state)``, which continues from ``state`` (empty at a sequence's start)
-    and updates it; the state of a full pass is discarded."""
+    implement ``run(x, state, starts)``, which continues from ``state`` (empty at a
+    sequence's start) and updates it; the state of a full pass is discarded. ``starts`` (a
+    full pass only): document starts, where the state is multiplied by 0."""
 
-    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
-        return self.run(x, {})
+    resets = True
+
+    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any,
+            document_starts: Tensor | None = None) -> Tensor:
+        return self.run(x, {}, document_starts)
 
     def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
         return self.run(x, state)
 
-    def run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
+    def run(self, x: Tensor, state: dict[str, Any], starts: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
 
@@ -90,7 +95,14 @@ class CausalDepthwiseConv(nn.Conv1d):
         super().__init__(channels, channels, width, groups=channels, bias=bias)
         self.width = width
 
-    def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(self, x: Tensor, state: Tensor | None = None,  # type: ignore[override]
+                starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if starts is not None:  # document starts (a full pass): no lag reaches across one
+            out = documents.causal_conv(x, self.weight[:, 0].to(x.dtype), starts)
+            if self.bias is not None:
+                out = out + self.bias.to(x.dtype)
+            keep = F.pad(x.transpose(1, 2), (self.width - 1, 0))
+            return out, keep[..., keep.shape[-1] - (self.width - 1):].clone()
         x = x.transpose(1, 2)
         if state is None:
             state = x.new_zeros(x.shape[0], x.shape[1], self.width - 1)

@@ -105,10 +105,13 @@ def linear_scan_(step: Tensor, drive: Tensor, parallel: bool | None = None, *, r
 
 
 def chunk_states(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, h0: Tensor,
-                 parallel: bool | None = None) -> tuple[Tensor, Tensor]:
+                 parallel: bool | None = None, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The states h_t (b, T, d, n) over one chunk from ``h0`` (b, d, n), and the per-step
-    decays exp(Δ_t A). u, delta: (b, T, d); A: (d, n); B: (b, T, n)."""
+    decays exp(Δ_t A). u, delta: (b, T, d); A: (d, n); B: (b, T, n); ``keep`` (b, T): 0 at a
+    document start, whose decay (the carried state's factor) is then 0."""
     step = torch.exp(delta.unsqueeze(-1) * A)
+    if keep is not None:
+        step = step * keep[:, :, None, None]
     h = (delta * u).unsqueeze(-1) * B.unsqueeze(2)  # Δ_t x_t B_t
     h[:, 0] += step[:, 0] * h0
     linear_scan_(step, h, parallel)
@@ -130,7 +133,7 @@ class SelectiveScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor,
-                chunk_size: int, parallel: bool | None) -> tuple[Tensor, Tensor]:
+                chunk_size: int, parallel: bool | None, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
         starts = range(0, u.shape[1], chunk_size)
         y = u.new_empty(u.shape)
         entering = u.new_empty(len(starts), *h0.shape)
@@ -138,11 +141,12 @@ class SelectiveScan(torch.autograd.Function):
         for i, start in enumerate(starts):
             part = slice(start, start + chunk_size)
             entering[i] = h
-            states, _ = chunk_states(u[:, part], delta[:, part], A, B[:, part], h, parallel)
+            states, _ = chunk_states(u[:, part], delta[:, part], A, B[:, part], h, parallel,
+                                     None if keep is None else keep[:, part])
             y[:, part] = (states @ C[:, part].unsqueeze(-1)).squeeze(-1)
             h = states[:, -1].clone()
         ctx.save_for_backward(u, delta, A, B, C, entering)
-        ctx.chunk_size, ctx.parallel = chunk_size, parallel
+        ctx.chunk_size, ctx.parallel, ctx.keep = chunk_size, parallel, keep
         return y, h
 
     @staticmethod
@@ -157,7 +161,8 @@ class SelectiveScan(torch.autograd.Function):
             for i in reversed(range(len(entering))):
                 part = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
                 uc, dc, Bc, Cc, gyc = u[:, part], delta[:, part], B[:, part], C[:, part], gy[:, part]
-                h, step = chunk_states(uc, dc, A, Bc, entering[i], ctx.parallel)
+                h, step = chunk_states(uc, dc, A, Bc, entering[i], ctx.parallel,
+                                       None if ctx.keep is None else ctx.keep[:, part])
                 G = gyc.unsqueeze(-1) * Cc.unsqueeze(2)
                 G[:, -1] += gh
                 linear_scan_(step, G, ctx.parallel, reverse=True)
@@ -172,18 +177,21 @@ class SelectiveScan(torch.autograd.Function):
                 gA += (g_dA * dc.unsqueeze(-1)).sum((0, 1))
                 gB[:, part] = ((dc * uc).unsqueeze(-2) @ G).squeeze(-2)
                 gC[:, part] = (gyc.unsqueeze(-2) @ h).squeeze(-2)
-        return gu, gdelta, gA, gB, gC, gh, None, None
+        return gu, gdelta, gA, gB, gC, gh, None, None, None
 
 
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None,
-                   chunk_size: int, parallel: bool | None = None) -> tuple[Tensor, Tensor]:
+                   chunk_size: int, parallel: bool | None = None,
+                   starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """y_t = C_t h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t B_t, chunk by chunk.
 
     u, delta: (b, L, d); A: (d, n); B, C: (b, L, n); h0: (b, d, n) or None (zeros).
     Returns y (b, L, d) and the last state (b, d, n). ``parallel``: see :func:`linear_scan_`.
+    ``starts`` (b, L) bool: document starts, where the carried state is multiplied by 0.
     """
     h = h0 if h0 is not None else u.new_zeros(u.shape[0], u.shape[2], A.shape[1])
-    return SelectiveScan.apply(u, delta, A, B, C, h, chunk_size, parallel)  # type: ignore[no-any-return]
+    keep = None if starts is None else (~starts).to(u.dtype)
+    return SelectiveScan.apply(u, delta, A, B, C, h, chunk_size, parallel, keep)  # type: ignore[no-any-return]
 
 
 class Mamba(selective.SelectiveMixer):  # same shape as mamba2.py by design: one file per variant
@@ -214,10 +222,11 @@ class Mamba(selective.SelectiveMixer):  # same shape as mamba2.py by design: one
         self.D = nn.Parameter(torch.ones(self.d_inner))
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=config.bias)
 
-    def run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
-        """Continue from ``state`` (``conv``, ``ssm``; empty: a sequence's start) over x."""
+    def run(self, x: Tensor, state: dict[str, Any], starts: Tensor | None = None) -> Tensor:
+        """Continue from ``state`` (``conv``, ``ssm``; empty: a sequence's start) over x;
+        ``starts``: document starts, where the state is forgotten (a full pass)."""
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        u, state["conv"] = self.conv1d(xs, state.get("conv"))
+        u, state["conv"] = self.conv1d(xs, state.get("conv"), starts)
         u = F.silu(u)
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.linear(dt, self.dt_proj.weight)  # its bias is added in full precision below
@@ -226,7 +235,8 @@ class Mamba(selective.SelectiveMixer):  # same shape as mamba2.py by design: one
             u = u.to(f)
             delta = F.softplus(dt.to(f) + self.dt_proj.bias.to(f))
             A = -torch.exp(self.A_log.to(f))
-            y, state["ssm"] = selective_scan(u, delta, A, B.to(f), C.to(f), state.get("ssm"), self.chunk_size)
+            y, state["ssm"] = selective_scan(u, delta, A, B.to(f), C.to(f), state.get("ssm"), self.chunk_size,
+                                               starts=starts)
             y = (y + u * self.D.to(f)) * F.silu(z.to(f))
         return self.out_proj(y.to(x.dtype))  # type: ignore[no-any-return]
 

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, hookimpl, selective
+from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, documents, hookimpl, selective
 
 # same shape as mamba.py by design: each variant says why it takes no qk or bias hook
 WHY_NOT = {
@@ -91,11 +91,13 @@ def segsum(a: Tensor) -> Tensor:
 
 
 def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None,
-        chunk_size: int) -> tuple[Tensor, Tensor]:
+        chunk_size: int, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """y_t = C_t h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t ⊗ B_t per head, by SSD.
 
     x: (b, L, H, P); dt (= Δ): (b, L, H); A: (H,); B, C: (b, L, G, N); h0: (b, H, P, N) or
-    None (zeros). Returns y (b, L, H, P) and the last state (b, H, P, N).
+    None (zeros). Returns y (b, L, H, P) and the last state (b, H, P, N). ``starts`` (b, L)
+    bool: document starts, where exp(Δ_t A) is 0: every decay factor spanning one is zeroed
+    (``harness.nn.documents.chunk_counts``).
     """
     b, L, H, P = x.shape
     G, N = B.shape[2:]
@@ -110,20 +112,26 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | Non
     Bc = B.view(b, c, Q, G, N).permute(0, 3, 1, 2, 4).unsqueeze(2)  # (b, G, 1, c, Q, N)
     Cc = C.view(b, c, Q, G, N).permute(0, 3, 1, 2, 4).unsqueeze(2)
     cum = torch.cumsum(dA, dim=-1)
+    pair, to_end, total, from_start = torch.exp(segsum(dA)), torch.exp(cum[..., -1:] - cum), \
+        torch.exp(cum[..., -1]), torch.exp(cum)
+    if starts is not None:  # (b, 1, 1, c, Q) starts at or before each position of its chunk
+        n = documents.chunk_counts(starts, Q)[:, None, None]
+        pair = pair * (n.unsqueeze(-1) == n.unsqueeze(-2))
+        to_end, total = to_end * (n[..., -1:] == n), total * (n[..., -1] == 0)
+        from_start = from_start * (n == 0)
     # 1. within each chunk: (C Bᵀ ∘ M) X
-    y = ((Cc @ Bc.transpose(-1, -2)) * torch.exp(segsum(dA))) @ X
+    y = ((Cc @ Bc.transpose(-1, -2)) * pair) @ X
     # 2. each chunk's own end state
-    states = (X * torch.exp(cum[..., -1:] - cum).unsqueeze(-1)).transpose(-1, -2) @ Bc  # (b, G, R, c, P, N)
+    states = (X * to_end.unsqueeze(-1)).transpose(-1, -2) @ Bc  # (b, G, R, c, P, N)
     # 3. pass the states across chunks: h_in of chunk i
     h = x.new_zeros(b, G, R, P, N) if h0 is None else h0.reshape(b, G, R, P, N)
-    total = torch.exp(cum[..., -1])  # (b, G, R, c)
     incoming = []
     # chunks by unbind, not by index (an indexed chunk's gradient is a zero tensor of every chunk)
     for total_i, state_i in zip(total.unbind(-1), states.unbind(3), strict=True):
         incoming.append(h)
         h = total_i[..., None, None] * h + state_i
     # 4. each chunk reads its incoming state through C, decayed to each position
-    y = y + (Cc @ torch.stack(incoming, dim=3).transpose(-1, -2)) * torch.exp(cum).unsqueeze(-1)
+    y = y + (Cc @ torch.stack(incoming, dim=3).transpose(-1, -2)) * from_start.unsqueeze(-1)
     y = y.permute(0, 3, 4, 1, 2, 5).reshape(b, c * Q, H, P)[:, :L]
     return y, h.reshape(b, H, P, N)
 
@@ -178,11 +186,12 @@ class Mamba2(selective.SelectiveMixer):  # same shape as mamba.py by design: one
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.ngroups)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=config.bias)
 
-    def run(self, x: Tensor, state: dict[str, Any]) -> Tensor:
-        """Continue from ``state`` (``conv``, ``ssm``; empty: a sequence's start) over x."""
+    def run(self, x: Tensor, state: dict[str, Any], starts: Tensor | None = None) -> Tensor:
+        """Continue from ``state`` (``conv``, ``ssm``; empty: a sequence's start) over x;
+        ``starts``: document starts, where the state is forgotten (a full pass)."""
         b, length = x.shape[:2]
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        xBC, state["conv"] = self.conv1d(xBC, state.get("conv"))
+        xBC, state["conv"] = self.conv1d(xBC, state.get("conv"), starts)
         gn = self.ngroups * self.d_state
         xs, B, C = F.silu(xBC).split([self.d_inner, gn, gn], dim=-1)
         f = selective.scan_dtype(x.dtype)
@@ -192,7 +201,7 @@ class Mamba2(selective.SelectiveMixer):  # same shape as mamba.py by design: one
             A = -torch.exp(self.A_log.to(f))
             groups = (b, length, self.ngroups, self.d_state)
             y, state["ssm"] = ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
-                                  state.get("ssm"), self.chunk_size)
+                                  state.get("ssm"), self.chunk_size, starts)
             y = y + xs * self.D.to(f).unsqueeze(-1)
             y = self.norm(y.flatten(-2), z.to(f))
         return self.out_proj(y.to(x.dtype))  # type: ignore[no-any-return]
