@@ -70,28 +70,38 @@ class RWKV6Config:
     chunk: Annotated[int, Ge(1), IntRange(8, 64, log=True)] = 16
 
 
-def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor, chunk: int
-         ) -> tuple[Tensor, Tensor]:
+def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor, chunk: int,
+         starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """y_t = r_t (diag(u) k_tᵀ v_t + S_{t-1}), S_t = diag(w_t) S_{t-1} + k_tᵀ v_t, by chunks.
 
     ``r, k, log_w`` (B, H, L, K), ``v`` (B, H, L, V), ``u`` (H, K), ``state`` (B, H, K, V).
+    ``starts`` (B, L) bool: document starts, where S_{t-1} is forgotten (every decay factor
+    spanning a start is 0: kept where the chunk's counts of starts agree).
     Returns y (B, H, L, V) and the final state."""
     ys = []
+    flags = (r.new_zeros(r.shape[0], 1, r.shape[2], 1) if starts is None
+             else starts[:, None, :, None].to(r.dtype))
     # chunks by split, not by slicing (a sliced chunk's gradient is a zero tensor of the whole
     # sequence: O(L² / chunk) in the backward pass)
-    for rc, kc, vc, lw in zip(*(t.split(chunk, 2) for t in (r, k, v, log_w)), strict=True):
+    for rc, kc, vc, lw, fc in zip(*(t.split(chunk, 2) for t in (r, k, v, log_w, flags)), strict=True):
         c = rc.shape[2]
         incl = lw.cumsum(dim=2)  # b_t
         excl = incl - lw  # b_{t-1}
-        y = (rc * excl.exp()) @ state  # what the carried state contributes
+        carried, last = excl.exp(), incl[:, :, -1:]  # b at the chunk's end
         lag = excl[:, :, :, None] - incl[:, :, None, :]  # (B, H, t, i, K): log Π_{i<s<t} w_s
         earlier = torch.ones(c, c, dtype=torch.bool, device=r.device).tril(-1)[:, :, None]
         decay = lag.masked_fill(~earlier, float("-inf")).exp()
+        whole, to_end = last.exp(), (last - incl).exp()
+        if starts is not None:
+            n = fc.cumsum(dim=2)  # (B, 1, c, 1) starts at or before t
+            end = n[:, :, -1:]
+            carried, whole, to_end = carried * (n == 0), whole * (end == 0), to_end * (end == n)
+            decay = decay * (n[:, :, :, None] == n[:, :, None, :])
+        y = (rc * carried) @ state  # what the carried state contributes
         scores = torch.einsum("bhtj,bhij,bhtij->bhti", rc, kc, decay)
         bonus = (rc * u[:, None] * kc).sum(dim=-1, keepdim=True)
         ys.append(y + scores @ vc + bonus * vc)
-        last = incl[:, :, -1:]  # b at the chunk's end
-        state = last.exp().transpose(-2, -1) * state + ((last - incl).exp() * kc).transpose(-2, -1) @ vc
+        state = whole.transpose(-2, -1) * state + (to_end * kc).transpose(-2, -1) @ vc
     return torch.cat(ys, dim=2), state
 
 
@@ -129,12 +139,20 @@ class RWKV6(Mixer):
         """The previous input (d_model) and one K x K state per head."""
         return 0 if length == 0 else self.d_model * (1 + self.head_size)
 
-    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
-        return self.step(x, {}, positions=torch.arange(x.shape[1], device=x.device), position=position)
+    resets = True  # mix takes document_starts: the state and the token shift start afresh
 
-    def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any) -> Tensor:
+    def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any,
+            document_starts: Tensor | None = None) -> Tensor:
+        return self.step(x, {}, positions=torch.arange(x.shape[1], device=x.device), position=position,
+                         starts=document_starts)
+
+    def step(self, x: Tensor, state: dict[str, Any], *, positions: Tensor, position: Any,
+             starts: Tensor | None = None) -> Tensor:
         b, n, d = x.shape
-        delta = token_shift(x, state) - x
+        previous = token_shift(x, state)
+        if starts is not None:  # a document's first token shifts in zeros, as a sequence's does
+            previous = previous.masked_fill(starts[..., None], 0.0)
+        delta = previous - x
         lora = torch.tanh((x + delta * self.time_maa_x) @ self.time_maa_w1)
         lora = torch.einsum("blmr,mrd->mbld", lora.unflatten(-1, (5, -1)), self.time_maa_w2)
         xw, xk, xv, xr, xg = (x + delta * (mu + m) for mu, m in zip(self.time_maa, lora, strict=True))
@@ -149,7 +167,7 @@ class RWKV6(Mixer):
         if s is None:
             s = x.new_zeros(b, self.num_heads, self.head_size, self.head_size, dtype=wide)
         y, state["S"] = wkv6(heads(self.receptance(xr)), heads(self.key(xk)), heads(self.value(xv)),
-                             heads(log_w), self.time_faaaa.to(wide), s, self.chunk)
+                             heads(log_w), self.time_faaaa.to(wide), s, self.chunk, starts)
         y = self.ln_x(y.transpose(1, 2).reshape(b * n, d).to(x.dtype)).view(b, n, d)
         return self.output(y * F.silu(self.gate(xg)))  # type: ignore[no-any-return]
 
