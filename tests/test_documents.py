@@ -232,3 +232,23 @@ def test_a_native_mask_or_reset_has_the_gradients_of_one_document_per_row(regist
     assert got.keys() == expected.keys()
     for k in got:
         assert torch.allclose(got[k], expected[k], rtol=1e-9, atol=1e-12), k
+
+
+def test_a_study_report_states_how_documents_were_seen():
+    """The protocol paragraph names the study record's documents (written when the study is
+    created), and says nothing for a task without documents."""
+    from types import SimpleNamespace
+
+    from harness.report.collect import protocol
+    from harness.study.schema import parse_study_config
+
+    cfg = parse_study_config({
+        "name": "docs", "task": {"name": "corpus_lm", "params": {"length": 16}},
+        "candidates": [{"name": "a", "model": {"name": "transformer"}}],
+        "objective": {"metric": "loss"}, "budget": {"trials": 1, "steps": 4}})
+    texts = {}
+    for documents in ("packed", "separate", None):
+        record = {"train_length": 16, "eval_lengths": [16], "documents": documents}
+        texts[documents] = protocol(SimpleNamespace(config=cfg, record=record, name="docs")).task
+    assert "documents packed" in texts["packed"] and "kept apart" in texts["separate"]
+    assert "documents" not in texts[None].replace("corpus_lm", "")
