@@ -252,3 +252,20 @@ def test_a_study_report_states_how_documents_were_seen():
         texts[documents] = protocol(SimpleNamespace(config=cfg, record=record, name="docs")).task
     assert "documents packed" in texts["packed"] and "kept apart" in texts["separate"]
     assert "documents" not in texts[None].replace("corpus_lm", "")
+
+
+def test_a_hybrid_keeps_documents_apart_in_every_block(registry):
+    """A mixer-and-attention hybrid (``pattern``): each block keeps documents apart its own way."""
+    tokens, other = windows()
+    logits = {}
+    for separate in (True, False):
+        parts = resolve_model(registry, ModelConfig(
+            name="transformer", params={"d_model": 16, "heads": 2, "layers": 3, "pattern": ["mixer", "attention"]},
+            attention=ComponentConfig(name="multi_head"), mixer=ComponentConfig(name="s4d"),
+            position=ComponentConfig(name="sinusoidal")))
+        info = TaskInfo(format="lm", vocab_size=VOCAB, max_length=LENGTH, document_token=EOD if separate else None)
+        torch.manual_seed(0)
+        m = build_model_from(parts, info).double().eval()
+        with torch.no_grad():
+            logits[separate] = after_last(m(tokens), m(other))
+    assert logits[True] < 1e-12 and logits[False] > 1e-6

@@ -11,21 +11,23 @@ position of a window starts a (possibly cut) document anyway.
 
 What each layer does at a start (``docs/data.md``, "Document boundaries"):
 
-* softmax attention: a block-diagonal causal mask (a query sees the keys of its own
-  document, :func:`document_ids` equal), built into the mask the fused kernels receive;
-* mixers with a native reset (``Mixer.resets``: the linear recurrences) multiply the carried
-  state by 0 at the start token, inside their chunked forms;
-* every other causal layer (long convolutions, selective scans, RWKV, the attention variants
-  that do not form a mask) runs each document as its own sequence: :func:`by_document`
-  gathers the documents of a batch into rows of their own (right-padded, which a causal layer
-  never reads) and scatters the outputs back. This is exact for any causal layer, a fresh
-  state at every document, at the cost of a padded batch of documents (and a host sync for
-  its shape).
+* dot-product softmax attention (``Attention.masks_documents``): a block-diagonal causal mask
+  (a query sees the keys of its own document, :func:`document_ids` equal), built into the
+  mask the fused kernels receive;
+* mixers with a native reset (``Mixer.resets``: the linear recurrences, Mamba, Mamba-2,
+  RWKV-6) multiply the carried state by 0 at the start token, inside their chunked forms
+  (:func:`chunk_counts`), and their short convolutions drop the lags across a start
+  (:func:`causal_conv`);
+* every other causal layer (long convolutions, RWKV-4, the attention variants that form no
+  dot-product mask) runs each document as its own sequence: :func:`by_document` gathers the
+  documents of a batch into rows of their own (right-padded, which a causal layer never
+  reads) and scatters the outputs back. This is exact for any causal layer, a fresh state at
+  every document, at the cost of a padded batch of documents (and a host sync for its shape).
 
-Positions are not restarted: the model's position embedding numbers a window's positions
-0..L-1 whatever the documents (as Megatron-LM's ``reset_position_ids=False``); the query/key
-and score hooks of every shipped scheme (RoPE, ALiBi, T5, Shaw) depend only on distances, and
-a document run on its own by :func:`by_document` sees distances unchanged.
+Positions: the model's position embedding numbers a window's positions 0..L-1 whatever the
+documents (as Megatron-LM's ``reset_position_ids=False``); inside a layer each document reads
+as if alone from its position 0 (what :func:`by_document` and a cache :func:`reset` give; the
+mask's query/key and score hooks see only distances, so it agrees).
 """
 
 from __future__ import annotations
