@@ -269,3 +269,21 @@ def test_a_hybrid_keeps_documents_apart_in_every_block(registry):
         with torch.no_grad():
             logits[separate] = after_last(m(tokens), m(other))
     assert logits[True] < 1e-12 and logits[False] > 1e-6
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_runs_at_its_smallest_size(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "documents.md"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "documents_cpu.py"), "--layers", "gla,s4d",
+                           "--length", "16", "--mean-doc", "4", "--min-time", "0", "--out", str(out)],
+                          cwd=tmp_path, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = out.read_text()
+    assert "| gla | native reset |" in table and "| s4d | one document per row |" in table
