@@ -61,8 +61,9 @@ class ModelChecks(Checks):
         return sorted(self.component().task_kinds)
 
     def build(self, fmt: str, *, seed: int | None = None, max_length: int | None = None,
-              **overrides: Any) -> Any:
-        """The model for batch format ``fmt``, float64, in eval mode."""
+              document_token: int | None = None, **overrides: Any) -> Any:
+        """The model for batch format ``fmt``, float64, in eval mode (``document_token``: it
+        keeps the documents that token starts apart)."""
         from harness.config import ComponentConfig, ModelConfig
         from harness.run.build import build_model_from
         from harness.run.plan import resolve_model
@@ -80,7 +81,8 @@ class ModelChecks(Checks):
         )
         parts = resolve_model(self.registry(), cfg)
         info = TaskInfo(format=fmt, vocab_size=self.vocab_size, max_length=max_length or self.max_length,
-                        num_classes=self.num_classes if fmt in ENCODER_FORMATS else None)
+                        num_classes=self.num_classes if fmt in ENCODER_FORMATS else None,
+                        document_token=document_token)
         torch.manual_seed(self.seed if seed is None else seed)
         return build_model_from(parts, info).double().eval()
 
@@ -185,6 +187,30 @@ class ModelChecks(Checks):
                     other = dict(batch, src=self.batch(fmt, [8, 8], seed=5)["src"])
                     assert not torch.allclose(self.call(model, fmt, other)[:, 0], base[:, 0]), (
                         "seq2seq: the decoder's first output ignores the source")
+
+    def check_documents(self) -> None:
+        """A model declaring ``separates_documents``: with ``TaskInfo.document_token`` set, the
+        outputs from a row's last document start on do not change when every token before it
+        changes, and a cached decode gives the full pass's outputs."""
+        if not self.component().separates_documents:
+            raise NotApplicable("the model does not declare separates_documents")
+        if "lm" not in self.formats():
+            raise NotApplicable("documents are kept apart in lm windows; the model declares no lm format")
+        sep = 4  # the first symbol stands for <eod>
+        model = self.build("lm", document_token=sep)
+        x = (self.tokens(10) - 4) % (self.vocab_size - 5) + 5  # no separator yet
+        x[:, 2], x[:, 6] = sep, sep
+        other = x.clone()
+        other[:, :6] = (other[:, :6] - 2) % (self.vocab_size - 5) + 5
+        other[:, 2] = sep
+        with torch.no_grad():
+            full = model(x)
+            close(model(other)[:, 6:], full[:, 6:], "an output after a document start changed when "
+                  "only the documents before it changed", atol=1e-10, rtol=1e-8)
+            if hasattr(model, "new_cache"):
+                cache = model.new_cache()
+                stepped = torch.cat([model(x[:, i:i + 1], cache=cache) for i in range(x.shape[1])], dim=1)
+                close(stepped, full, "cached decoding across document starts differs from the full pass")
 
     def check_padding(self) -> None:
         """Each format: an example alone and right-padded next to a longer one gives the same outputs."""
