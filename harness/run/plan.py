@@ -259,7 +259,19 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     parts = resolve_model(registry, config.model)
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
+    if config.train.kernels == "fla":  # refused before anything is built
+        from harness.nn import fast_path
+        from harness.runtime import devices
+
+        fast_path.require_fla(mixer_class(parts), parts.mixer.name if parts.mixer else "",
+                              devices.run_device(config.train.accelerator))
     return Plan(config, task, parts, fmt)
+
+
+def mixer_class(parts: ModelParts) -> type | None:
+    """The class of the model's mixer (what its spec builds), None without one."""
+    build = parts.mixer.spec.build if parts.mixer is not None else None
+    return build if isinstance(build, type) else None
 
 
 def load_registry(config: RunConfig, registry: Registry | None) -> Registry:

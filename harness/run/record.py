@@ -42,6 +42,11 @@ def provenance_tags(p: Plan) -> dict[str, str]:
     if commit:
         tags[Tag.GIT_COMMIT] = commit
     tags[Tag.BATCH_FORMAT] = str(p.fmt)
+    from harness.nn import fast_path
+    from harness.run.plan import mixer_class
+
+    device = devices.run_device(p.config.train.accelerator)
+    tags[Tag.KERNEL] = fast_path.resolve(p.config.train.kernels, mixer_class(p.parts), device)
     return tags
 
 
