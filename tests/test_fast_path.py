@@ -155,6 +155,12 @@ def test_resolve_names_the_implementation_a_run_records():
     assert fast_path.resolve("auto", Mamba, cuda) == "reference"  # no kernel here: mamba-1
     assert fast_path.resolve("auto", GLA, cuda) == ("fla" if fast_path.fla_importable() else "reference")
 
+    class Resetting(GLA):  # a mixer that takes document starts itself (Mixer.resets)
+        resets = True
+
+    assert fast_path.resolve("auto", Resetting, cuda, resets=True) == "reference"
+    assert fast_path.resolve("auto", Resetting, cuda) == fast_path.resolve("auto", GLA, cuda)
+
 
 def test_select_sets_only_the_mixers_with_a_fast_path():
     from harness_plugins.mixers.s4d import S4D, S4DConfig

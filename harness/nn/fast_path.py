@@ -79,13 +79,17 @@ def use_fla(kernel: str, x: Tensor, *, resets: Tensor | None = None) -> bool:
             and resets is None and fla_importable())
 
 
-def resolve(kernels: str, mixer: type | None, device: Any) -> str:
+def resolve(kernels: str, mixer: type | None, device: Any, *, resets: bool = False) -> str:
     """The implementation a run with ``train.kernels`` on ``device`` uses for its mixer
     class (None: no mixer): ``fla``, ``reference`` or ``pytorch`` (no mixer). The same rule
-    as :func:`use_fla`, known before anything is built: the run's ``harness.kernel`` tag."""
+    as :func:`use_fla`, known before anything is built: the run's ``harness.kernel`` tag.
+    ``resets``: the run keeps documents apart; a mixer that resets its state itself
+    (``Mixer.resets``) is then given the starts, which the fast path does not take."""
     if mixer is None:
         return PYTORCH
     if kernels == REFERENCE or not getattr(mixer, "fast_path_ops", ()):
+        return REFERENCE
+    if resets and getattr(mixer, "resets", False):
         return REFERENCE
     return FLA if device.type == "cuda" and fla_importable() else REFERENCE
 
