@@ -201,6 +201,19 @@ def test_kernels_fla_on_the_cpu_exits_2_before_anything_is_built(capsys, harness
     assert "Traceback" not in err
 
 
+def test_the_run_tags_name_the_implementation_before_anything_is_built(registry):
+    from harness.config import parse_run_config
+    from harness.run.plan import plan
+    from harness.run.record import provenance_tags
+
+    assert provenance_tags(plan(parse_run_config(copy.deepcopy(RUN)), registry))["harness.kernel"] == "reference"
+    attention = copy.deepcopy(RUN)
+    del attention["model"]["mixer"]
+    attention["model"]["attention"] = {"name": "multi_head"}
+    assert provenance_tags(plan(parse_run_config(attention), registry))["harness.kernel"] == "pytorch"
+
+
+@pytest.mark.slow
 def test_a_run_records_which_implementation_ran(registry, harness_home):
     import harness
     from harness.store import tracking

@@ -47,7 +47,6 @@ budget counted on a CUDA run with the fast path misses the recurrence's FLOPs.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
@@ -65,11 +64,16 @@ REFERENCE = "reference"
 PYTORCH = "pytorch"
 
 
-@functools.cache
+_found: list[bool] = []  # filled once: a plain global, which torch.compile reads as a constant
+
+
 def fla_importable() -> bool:
     """``fla`` and ``triton`` are installed (found, not imported: importing FLA's ops on a
-    machine without a GPU warns)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("fla", "triton"))
+    machine without a GPU warns). Looked up once per process (:func:`select` does it before
+    any forward pass, so a compiled forward never calls ``find_spec``)."""
+    if not _found:
+        _found.append(all(importlib.util.find_spec(name) is not None for name in ("fla", "triton")))
+    return _found[0]
 
 
 def use_fla(kernel: str, x: Tensor, *, resets: Tensor | None = None) -> bool:
@@ -116,6 +120,7 @@ def select(model: nn.Module, kernels: str) -> None:
     """Set every mixer of ``model`` that has a fast path to ``kernels``."""
     if kernels not in KERNELS:
         raise ConfigError(f"train.kernels is '{kernels}'; it must be one of {', '.join(KERNELS)}.")
+    fla_importable()
     for module in model.modules():
         if getattr(module, "fast_path_ops", ()):
             module.kernel = kernels  # type: ignore[assignment]
