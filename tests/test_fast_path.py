@@ -50,7 +50,7 @@ def naive(call: fast_path.Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         return naive_recurrent_gla(a["q"] * fixed, a["k"], a["v"], a["g"], **state)
     if call.op == "chunk_simple_gla":
         return naive_recurrent_simple_gla(a["q"], a["k"], a["v"], a["g"], scale=a["scale"], **state)
-    if call.op == "chunk_delta_rule":
+    if call.op in ("chunk_delta_rule", "fused_recurrent_delta_rule"):
         o, h = delta_rule_recurrence(*(heads_first(t) for t in (a["q"] * fixed, a["k"], a["v"], a["beta"])),
                                      **state)
         return heads_first(o), h
@@ -117,7 +117,38 @@ def test_the_fast_path_mapping_matches_the_reference_through_fla_naive_functions
 
 def fast_path_package(op: str) -> str:
     return {"chunk_gla": "gla", "chunk_simple_gla": "simple_gla", "chunk_delta_rule": "delta_rule",
+            "fused_recurrent_delta_rule": "delta_rule",
             "chunk_gated_delta_rule": "gated_delta_rule", "chunk_rwkv6": "rwkv6"}[op]
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "gla"])
+def test_under_bf16_autocast_the_kernels_get_bf16_inputs_and_float32_gates(name, monkeypatch):
+    """bf16-mixed: q, k, v, beta in bf16 (as FLA's own layers feed them), gates float32; the
+    plain delta rule takes the chunked kernel, which refuses float32."""
+    torch.manual_seed(0)
+    mixer = mixers()[name]()
+    mixer.kernel = "fla"
+    calls: list[fast_path.Call] = []
+
+    def run(call: fast_path.Call) -> tuple[torch.Tensor, torch.Tensor | None]:
+        calls.append(call)
+        return naive(call)
+
+    monkeypatch.setattr(fast_path, "use_fla", lambda kernel, x, resets=None: kernel != "reference")
+    monkeypatch.setattr(fast_path.Call, "run", run)
+    x = torch.randn(2, 21, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mixer(x)[0]
+    (call,) = calls
+    assert call.op != "fused_recurrent_delta_rule"
+    assert {call.args[n].dtype for n in ("q", "k", "v")} == {torch.bfloat16}
+    assert call.args.get("beta", call.args["q"]).dtype == torch.bfloat16
+    if "g" in call.args:
+        assert call.args["g"].dtype == torch.float32
+    mixer.kernel = "reference"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = mixer(x)[0]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.02)  # bf16 inputs
 
 
 @pytest.mark.parametrize("name", sorted(mixers()))

@@ -9,7 +9,8 @@ through FLA's pure-PyTorch naive functions on the CPU).
 Tolerances (float32; the reference computes in float32, FLA's kernels accumulate in
 float32 but may use TF32 tensor cores inside their matrix products): the largest absolute
 difference at most 5e-3 of the reference's largest magnitude for outputs, 2e-2 for every
-gradient (input and parameters).
+gradient (input and parameters); under bf16 autocast 5e-2 for outputs. In float32 DeltaNet
+takes FLA's fused recurrent kernel (the chunked one refuses float32), in bf16 the chunked one.
 """
 
 from __future__ import annotations
@@ -65,15 +66,20 @@ def test_the_fast_path_matches_the_reference_on_the_gpu(name: str, length: int) 
             close(p_fast.grad, p_ref.grad, GRAD_TOL, f"{name} d/d{pname}")
 
 
-@pytest.mark.parametrize("name", ["gla", "deltanet", "rwkv6", "mamba2"])
-def test_the_fast_path_runs_under_bf16_autocast(name: str) -> None:
+@pytest.mark.parametrize("name", ["gla", "retnet", "deltanet", "gated_deltanet", "rwkv6", "mamba2"])
+def test_the_fast_path_under_bf16_autocast_stays_near_the_reference(name: str) -> None:
+    """bf16-mixed, as a GPU run trains: the kernels get bf16 q, k, v (the plain delta rule its
+    chunked kernel, which refuses float32); within 5e-2 of the reference's largest output."""
     mixer = build(name).cuda()
-    mixer.kernel = "fla"
     x = torch.randn(2, 256, mixer.d_model, device="cuda", requires_grad=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = mixer(x)[0]
-    out.float().square().mean().backward()
-    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    outs = {}
+    for kernel in ("reference", "fla"):
+        mixer.kernel = kernel
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            outs[kernel] = mixer(x)[0].float()
+    outs["fla"].square().mean().backward()
+    assert torch.isfinite(outs["fla"]).all() and torch.isfinite(x.grad).all()
+    close(outs["fla"], outs["reference"], 5e-2, f"{name} bf16 output")
 
 
 def test_a_gpu_run_records_the_fla_kernel(harness_home) -> None:

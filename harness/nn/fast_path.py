@@ -27,7 +27,8 @@ scale and gates but not the Triton kernels, whose parity test needs a GPU,
 * gates in log space, as ours: GLA ``g`` (B, T, H, Dk) = log α (``chunk_gla``); one decay
   per head (RetNet's log γ, Mamba-2's Δ·A) ``g`` (B, T, H) (``chunk_simple_gla``); the
   delta rule's ``beta`` (B, T, H) after the sigmoid, and Gated DeltaNet's log α (B, T, H)
-  (``chunk_delta_rule``, ``chunk_gated_delta_rule``); RWKV-6's log w (B, T, H, K) and
+  (``chunk_delta_rule``, in float32 ``fused_recurrent_delta_rule``: FLA 0.6's chunked delta
+  rule asserts a 16-bit dtype; ``chunk_gated_delta_rule``); RWKV-6's log w (B, T, H, K) and
   bonus u (H, K) (``chunk_rwkv6``);
 * state: (N, H, Dk, Dv), key-first (FLA's default ``state_v_first=False``), as ours;
   Mamba-2 keeps h as (H, P, N), i.e. value-first, so it is transposed in and out.
@@ -174,14 +175,16 @@ def linear_attention_call(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor,
 def delta_rule_call(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None,
                     state: Tensor | None = None) -> Call:
     """S_t = a_t (I - b_t k_t k_tᵀ) S_{t-1} + b_t k_t v_tᵀ, o_t = q_t S_t (``beta``,
-    ``log_decay`` (B, H, L)): ``chunk_delta_rule`` or ``chunk_gated_delta_rule``."""
+    ``log_decay`` (B, H, L)): ``chunk_delta_rule`` (``fused_recurrent_delta_rule`` in float32,
+    which the chunked one refuses) or ``chunk_gated_delta_rule``."""
     dt = kernel_dtype(q)
     args: dict[str, Any] = {"q": time_major(q.to(dt)), "k": time_major(k.to(dt)),
                             "v": time_major(v.to(dt)), "beta": time_major(beta.to(dt)),
                             "scale": 1.0, "initial_state": state,
                             "output_final_state": state is not None}
-    if log_decay is None:
-        return Call("delta_rule", "chunk_delta_rule", args)
+    if log_decay is None:  # FLA's chunked delta rule refuses float32: its fused recurrent kernel
+        return Call("delta_rule", "chunk_delta_rule" if dt != torch.float32 else "fused_recurrent_delta_rule",
+                    args)
     args["g"] = time_major(log_decay.float())
     return Call("gated_delta_rule", "chunk_gated_delta_rule", args)
 

@@ -68,7 +68,8 @@ class DeltaNetConfig:
 class DeltaNet(lr.RecurrentMixer):
     """DeltaNet: linear attention whose fast-weight state is updated by the delta rule (chunked WY form)."""
 
-    fast_path_ops = ("fla.ops.delta_rule.chunk_delta_rule",)  # on CUDA (harness.nn.fast_path)
+    fast_path_ops = ("fla.ops.delta_rule.chunk_delta_rule",  # bf16; float32: the fused recurrent one
+                     "fla.ops.delta_rule.fused_recurrent_delta_rule")  # on CUDA (harness.nn.fast_path)
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding", "qk"})
     why_not = {"bias": WHY_NOT_BIAS}
