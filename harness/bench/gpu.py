@@ -213,6 +213,7 @@ def fla_layer(settings: Settings, mixer: str, length: int) -> Row:
     if not settings.cuda:
         return Row("mixers", f"mixer:{mixer}", "fla layer", length, NO_CUDA)
     import importlib
+    import importlib.util
 
     cls, kwargs = FLA_LAYERS[mixer](settings.d_model, settings.heads)
     try:
@@ -221,7 +222,9 @@ def fla_layer(settings: Settings, mixer: str, length: int) -> Row:
         return Row("mixers", f"mixer:{mixer}", "fla layer", length,
                    f"n/a: fla.layers.{cls} ({type(exc).__name__}: {str(exc)[:80]})")
     row = time_layer(settings, lambda x: layer(x)[0], layer, length)
-    return _named(row, f"mixer:{mixer}", f"fla layer ({cls})")
+    # FLA's Mamba2 layer runs mamba-ssm's kernels when that package is installed, else PyTorch
+    how = " without mamba-ssm: PyTorch" if mixer == "mamba2" and importlib.util.find_spec("mamba_ssm") is None else ""
+    return _named(row, f"mixer:{mixer}", f"fla layer ({cls}{how})")
 
 
 def _named(row: Row, name: str, implementation: str) -> Row:
