@@ -12,6 +12,7 @@ import torch
 from harness.bench import gpu
 from harness.cli import main as cli
 
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_without_cuda_the_gpu_benchmark_exits_2_saying_why(capsys):
     assert cli.main(["bench", "gpu", "--output", "-"]) == 2
