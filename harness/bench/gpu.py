@@ -179,7 +179,7 @@ def time_layer(settings: Settings, run: Callable[[Any], Any], module: Any, lengt
         _, row.peak_mb = common.peak_mb(one_pass, device)
         sync()
         times = common.timed(one_pass, settings.min_time_s, sync, max_passes=20)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:
         row.status = "out of memory"
     except Exception as exc:  # a failing layer is a row, not the end of the session
         row.status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
