@@ -99,14 +99,20 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """On a GPU machine: the GPU tests (``tests/test_gpu.py``: a bf16 run with its cost/MFU, compile) and
-    the device-parameter tests, then the model, attention, mixer and decoding benchmarks on
-    CUDA, each written as a new dated record under ``benchmarks/`` (``*_cuda_<date>.md``).
-    Installs the pinned torch from PyPI, whose Linux wheel is the CUDA build (or from
-    ``$TORCH_INDEX_URL``). Fails at once where no GPU is visible."""
-    install(session)
+    """On a GPU machine: the GPU tests (``tests/test_gpu.py``: a bf16 run with its cost/MFU, compile;
+    ``tests/test_fast_path_gpu.py``: every mixer's FLA fast path against its reference, outputs
+    and gradients) and the device-parameter tests; then ``harness bench gpu`` (GPT-2-small-shaped
+    Transformer MFU against plain PyTorch, each mixer's reference vs fast path vs FLA's layer at
+    L 2048 and 8192, flash attention to 32k, decode latency) and the model, attention, mixer and
+    decoding benchmarks on CUDA, each written as a new dated record under ``benchmarks/``
+    (``*_cuda_<date>.md``). Installs the pinned torch from PyPI, whose Linux wheel is the CUDA
+    build (or from ``$TORCH_INDEX_URL``), and the ``gpu`` extra (fla-core, triton,
+    flash-linear-attention). Fails at once where no GPU is visible."""
+    install(session, extras="dev,gpu")
     session.run("python", "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'")
-    session.run("pytest", "tests/test_gpu.py", "tests/test_cost_devices.py", *session.posargs, env=ENV)
+    session.run("pytest", "tests/test_gpu.py", "tests/test_fast_path_gpu.py",
+                "tests/test_fast_path.py", "tests/test_cost_devices.py", *session.posargs, env=ENV)
+    session.run("harness", "bench", "gpu", env=ENV)
     cuda = ("--device", "cuda")
     session.run("harness", "bench", "model", "benchmarks/configs/transformer_small.yaml", *cuda, env=ENV)
     session.run("harness", "bench", "attention", *cuda, "--lengths", "1024", "4096", "16384", env=ENV)

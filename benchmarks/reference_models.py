@@ -4,7 +4,9 @@ written with PyTorch's own modules and a hand-written training loop (no harness 
 ``harness bench model`` trains a config through ``harness.train`` and, next to it, the
 reference that :func:`build` makes from the same shapes, with the same optimiser (AdamW,
 weight decay on matrices only, gradient clipping, warm-up + schedule as a ``LambdaLR``) and
-the same batch size and length, and compares their tokens per second.
+the same batch size and length, and compares their tokens per second. With the config's
+bf16 precision (``bf16`` in the shapes) the forward runs under bf16 autocast, and with
+``train.compile`` (``compile``) the model is ``torch.compile``d, as the harness run is.
 
 * ``transformer`` (``multi_head`` attention, sinusoidal or no positions, LayerNorm, GELU
   MLP, pre- or post-norm): token embedding scaled by sqrt(d) + sinusoids,
@@ -104,11 +106,14 @@ def trainer(model: nn.Module, s: dict[str, Any]) -> Any:
                for _ in range(16)]
     opt, sched = optimiser(model, s)
     model.train()
+    forward = torch.compile(model) if s.get("compile") else model  # as the harness run's train.compile
+    device_type = torch.device(s["device"]).type
 
     def step(i: int) -> None:
         batch = batches[i % len(batches)]
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bool(s.get("bf16"))):
+            logits = forward(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if s["grad_clip"]:

@@ -175,6 +175,11 @@ class TrainConfig(Strict):
         "32-true (bf16-mixed works on the CPU too)")
     compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
                           "that cannot compile fails the run with a message to turn this off")
+    kernels: Literal["auto", "fla", "reference"] = Field(
+        "auto", exclude_if=lambda v: v == "auto",
+        description="the mixers' implementation (harness.nn.fast_path): auto, flash-linear-"
+                    "attention's kernels on CUDA when installed, else the pure-PyTorch reference; "
+                    "fla, the kernels or the run is refused; reference, always the reference")
     num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: torch's "
                                     "default; in a study worker, usable cores ÷ workers on the machine)")
     progress: bool = True

@@ -29,6 +29,7 @@ class Tag:
     RERUN_OF = "harness.rerun_of"  # the run `harness train --from-run` re-ran
     BATCH_FORMAT = "harness.batch_format"
     DOCUMENTS = "harness.documents"  # packed | separate: windows of packed documents (corpus_lm)
+    KERNEL = "harness.kernel"  # the mixer's implementation: fla | reference | pytorch (no mixer)
     FAILURE = "harness.failure"  # the reason a run FAILED
     PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker

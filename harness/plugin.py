@@ -79,7 +79,7 @@ from harness.data.prepare import prepare as prepare_corpus
 from harness.data.tasks import Task, TaskConfig, TaskInfo, lm_windows
 from harness.data.vocab import BOS, EOS, PAD, SEP, Example, Vocab
 from harness.errors import ConfigError, MissingDataError, PluginError
-from harness.nn import banded, documents, linear_recurrence, selective, ssm
+from harness.nn import banded, documents, fast_path, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
     AttentionCache,
@@ -119,7 +119,7 @@ from harness.runtime.cache import cache_dir
 __all__ = [
     # shared numerics of the built-in mixers (modules): banded attention blocks, chunked linear
     # recurrences, selective scans, diagonal state-space models
-    "banded", "linear_recurrence", "selective", "ssm",
+    "banded", "fast_path", "linear_recurrence", "selective", "ssm",
     "DiagonalSSM", "DiagonalSSMConfig", "causal_fft_conv", "compute_dtype",
     "band", "block_bias", "gather_blocks", "keep_last", "run_blocks",
     # registration

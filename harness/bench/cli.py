@@ -150,6 +150,30 @@ def cmd_bench_mixer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    from harness.bench import common, gpu
+
+    device = gpu.require_cuda(args.dry_run)  # exit 2 without CUDA, unless a dry run
+    sections = tuple(args.only or gpu.SECTIONS)
+    settings = gpu.dry_run_settings(sections, tuple(args.mixers or ())) if args.dry_run else gpu.Settings(
+        sections=sections, mixers=tuple(args.mixers or ()), steps=args.steps, repeats=args.repeats)
+    started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
+    out = common.record_path(args.output, "gpu", "dry-run" if args.dry_run else device, started)
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as home:
+        rows, tags = gpu.run(settings, home, progress=lambda line: print(line, flush=True))
+    head = common.header("GPU benchmark" + (" (dry run on the CPU: tiny shapes, no figure to read)"
+                                            if args.dry_run else ""), device=device,
+                         command=common.command_line(), started=started, seconds=time.perf_counter() - t0,
+                         load_before=load_before, load_after=common.load_line())
+    common.write_record(out, gpu.markdown(settings, rows, tags, head))
+    if out is not None:
+        out.with_suffix(".json").write_text(json.dumps(gpu.records(rows, tags), indent=1) + "\n")
+    return 0
+
+
 def decode_names(registry: Any) -> list[str]:
     from harness.bench import decode
 
@@ -271,6 +295,23 @@ def add_parsers(subparsers: Any) -> None:
     _common_args(p)
     _output_arg(p, "decode")
     p.set_defaults(handler=cmd_bench_decode)
+
+    p = kinds.add_parser(
+        "gpu",
+        help="on a CUDA GPU: GPT-2-small-shaped Transformer MFU vs plain PyTorch, every mixer's "
+             "reference vs fast path vs FLA's layer, flash attention to 32k, decode latency",
+        description="The GPU session's benchmark (docs/performance.md): each section's rows carry "
+                    "the GPU's name, CUDA and driver. Needs a CUDA device (exit 2 otherwise); "
+                    "--dry-run runs every code path at tiny shapes on the CPU.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (code paths only)")
+    p.add_argument("--only", nargs="+", choices=["transformer", "mixers", "attention", "decode"],
+                   help="only these sections (default: all)")
+    p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers (default: every one)")
+    p.add_argument("--steps", type=int, default=30, help="training steps of the transformer runs")
+    p.add_argument("--repeats", type=int, default=1, help="harness/reference pairs (fresh processes)")
+    _output_arg(p, "gpu")
+    p.set_defaults(handler=cmd_bench_gpu)
 
     p = kinds.add_parser(
         "mixer",

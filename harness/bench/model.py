@@ -273,6 +273,7 @@ def reference_shapes(settings: Settings) -> dict[str, Any] | str:
     from harness.registry.loader import load
     from harness.run.build import build_task, task_info
     from harness.run.plan import plan
+    from harness.runtime import devices
 
     cfg = parse_run_config(run_config(settings))
     p = plan(cfg, load(cfg.plugins))
@@ -285,6 +286,9 @@ def reference_shapes(settings: Settings) -> dict[str, Any] | str:
         "weight_decay": t.weight_decay, "betas": list(t.betas), "grad_clip": t.grad_clip,
         "warmup": t.warmup_steps, "min_lr_ratio": t.min_lr_ratio, "device": settings.device,
         "tie": params.get("tie_embeddings", False),
+        # the same precision and compilation as the harness run (bf16 autocast; torch.compile)
+        "bf16": devices.precision(t.precision, devices.run_device(t.accelerator)).startswith("bf16"),
+        "compile": t.compile,
     }
     if t.optimizer != "adamw" or t.schedule != "cosine" or t.label_smoothing or t.scheduled_sampling:
         return "the reference trains with AdamW, a cosine schedule, no label smoothing or scheduled sampling"

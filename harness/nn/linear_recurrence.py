@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.nn import documents
+from harness.nn import documents, fast_path
 from harness.nn.mixer import Mixer
 
 ChunkFn = Callable[..., tuple[Tensor, Tensor]]
@@ -255,12 +255,16 @@ class ShortConvolution(nn.Module):
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk: int,
-                     state: dict[str, Any] | None, starts: Tensor | None = None) -> Tensor:
+                     state: dict[str, Any] | None, starts: Tensor | None = None,
+                     kernel: str = "reference") -> Tensor:
     """Decayed linear attention over the positions of q, k, v (B, H, l, ·): the chunked form
     from zeros (``state`` None; ``starts``: document starts, where the state is forgotten),
     else continued from ``state["S"]``, which is updated (one position: the recurrent step;
-    several: the chunked form from that state)."""
+    several: the chunked form from that state). From zeros on CUDA without starts,
+    ``kernel`` may pick FLA's kernel (:mod:`harness.nn.fast_path`)."""
     if state is None:
+        if fast_path.use_fla(kernel, q, resets=starts):
+            return fast_path.linear_attention(q, k, v, log_decay)
         return chunked_linear_attention(q, k, v, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         out, state["S"] = linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :],
@@ -271,9 +275,12 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chun
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, *, chunk: int,
-               state: dict[str, Any] | None, starts: Tensor | None = None) -> Tensor:
+               state: dict[str, Any] | None, starts: Tensor | None = None,
+               kernel: str = "reference") -> Tensor:
     """The (gated) delta rule over the positions of q, k, v, as :func:`linear_attention`."""
     if state is None:
+        if fast_path.use_fla(kernel, q, resets=starts):
+            return fast_path.delta_rule(q, k, v, beta, log_decay)
         return chunked_delta_rule(q, k, v, beta, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         g = None if log_decay is None else log_decay[..., 0]

@@ -19,7 +19,10 @@ It declares, as class attributes read by its spec (``harness list -v`` shows the
   sequence length L (:class:`Complexity`);
 * ``position_hooks``: which position-scheme hooks it applies (``embedding`` is applied by the
   model to the token embeddings; ``qk`` and ``bias`` only by mixers that form queries and keys
-  or scores); ``why_not`` gives the reason for each hook it cannot apply.
+  or scores); ``why_not`` gives the reason for each hook it cannot apply;
+* ``fast_path_ops``: the flash-linear-attention ops its recurrence runs on CUDA
+  (:mod:`harness.nn.fast_path`; empty: the reference implementation only). The instance's
+  ``kernel`` (``auto``, ``fla``, ``reference``: the run's ``train.kernels``) picks one.
 
 and, per instance, :meth:`Mixer.state_size`: the number of elements its decoding state keeps
 per sequence after ``length`` positions (the KV cache of attention grows with L; the state of
@@ -105,6 +108,8 @@ class Mixer(nn.Module):
     #: recurrence whose carried state is multiplied by 0 at a start); False: the base class
     #: runs each document as its own sequence (:func:`harness.nn.documents.by_document`)
     resets: ClassVar[bool] = False
+    fast_path_ops: ClassVar[tuple[str, ...]] = ()
+    kernel: str = "auto"  # set per run by harness.nn.fast_path.select
 
     def __init__(self, d_model: int, num_heads: int = 1) -> None:
         super().__init__()

@@ -29,6 +29,7 @@ class SeedRun:
     value: float
     metrics: dict[str, float]
     not_applicable: list[int] = field(default_factory=list)
+    kernel: str = ""  # the run's harness.kernel tag: fla, reference, pytorch ("": not recorded)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class CandidateResult:
 
     def values(self) -> dict[int, float]:
         return {s.seed: s.value for s in self.seeds}
+
+    @property
+    def implementation(self) -> str:
+        """What computed its mixer in the confirmation runs, in words (the cost table's
+        column): its speed is an implementation's, not only an architecture's."""
+        return implementation_words(sorted({s.kernel for s in self.seeds if s.kernel}))
 
     @property
     def uses_attention(self) -> bool:
@@ -240,7 +247,8 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
                 continue
             na = run.data.tags.get(Tag.NOT_APPLICABLE, "")
             seeds.append(SeedRun(int(t.user_attrs[Attr.SEED]), run.info.run_id, t.values[0],
-                                 dict(run.data.metrics), [int(x) for x in na.split(",") if x]))
+                                 dict(run.data.metrics), [int(x) for x in na.split(",") if x],
+                                 run.data.tags.get(Tag.KERNEL, "")))
             config = config or dict(run.data.params)
         seeds.sort(key=lambda s: s.seed)
         failed = {int(t.user_attrs[Attr.SEED]): str(t.user_attrs.get(Attr.FAILURE, "failed"))
@@ -288,3 +296,13 @@ def range_edges(trial: Any, skip: str | None = None) -> list[str]:
             out.append(f"{config_key(key)} {value:.3g} in the {side} tenth of [{dist.low:.3g}, "
                        f"{dist.high:.3g}]{', log scale' if dist.log else ''}")
     return out
+
+
+#: the cost tables' words for each ``harness.kernel`` tag (harness.nn.fast_path)
+IMPLEMENTATIONS = {"fla": "FLA kernel", "reference": "reference implementation", "pytorch": "PyTorch"}
+
+
+def implementation_words(kernels: list[str]) -> str:
+    """``FLA kernel``, ``reference implementation``, ``PyTorch`` (attention), several joined
+    by ' + ' when seeds differ; '–' for runs that recorded none."""
+    return " + ".join(IMPLEMENTATIONS.get(k, k) for k in kernels) or "–"

@@ -95,6 +95,7 @@ def candidates_csv(results: list[CandidateResult], verdict: Verdict, protocol: P
             "params": number(r.cost.get("params")), "params_off_target": number(r.params_off),
             "tokens_per_s": number(r.cost.get("tokens_per_s")),
             "peak_memory_mb": number(r.cost.get("peak_memory")),
+            "implementation": r.implementation,
             **{f"tuning_{k}": str(v) for k, v in r.tuning.items()},
         })
     return csv_text(rows)

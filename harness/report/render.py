@@ -95,7 +95,7 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
     header = ["rank", "candidate", "model · attention · position",
               f"{protocol.objective}: mean [{methods(results, protocol)} interval]",
               "seeds " + ", ".join(map(str, seeds)), "params", "tokens/s", "peak MB",
-              "tuning: done (pruned, failed) / budget"]
+              "implementation", "tuning: done (pruned, failed) / budget"]
     state = protocol.front_cost == "state_size"  # the front's cost gets a column of its own
     if state:
         header.insert(-1, "decoding state")
@@ -112,7 +112,7 @@ def ranked_table(results: list[CandidateResult], verdict: Verdict, protocol: Pro
             "–" if r.rank is None else f"{r.rank}" + (" ★" if r.on_front else ""), r.name, r.label,
             Strong(mean) if r.best_group and verdict.resolved else mean,
             ", ".join(fmt(values.get(s, math.nan)) for s in seeds), params,
-            count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")),
+            count(r.cost.get("tokens_per_s")), count(r.cost.get("peak_memory")), r.implementation,
             f"{t['complete'] + t['pruned'] + t['failed']} ({t['pruned']}, {t['failed']}) / {t['budget']}"
             + (" (not tuned)" if protocol.untuned else ""),
         ])

@@ -44,6 +44,9 @@ def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
         torch.set_num_threads(threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
     model = build_model(p, info)
+    from harness.nn import fast_path
+
+    fast_path.select(model, t.kernels)  # the mixers' implementation (auto: FLA on CUDA)
     return Built(task, info, model, count_parameters(model))
 
 

@@ -260,6 +260,12 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
     check_documents(task, parts.model)
+    if config.train.kernels == "fla":  # refused before anything is built
+        from harness.nn import fast_path
+        from harness.runtime import devices
+
+        fast_path.require_fla(mixer_class(parts), parts.mixer.name if parts.mixer else "",
+                              devices.run_device(config.train.accelerator))
     return Plan(config, task, parts, fmt)
 
 
@@ -281,6 +287,12 @@ def check_documents(task: Component, model: Component) -> None:
             f"gru; `harness list --kind model --verbose` says which) or documents: packed, the "
             f"same for every candidate of a study."
         )
+
+
+def mixer_class(parts: ModelParts) -> type | None:
+    """The class of the model's mixer (what its spec builds), None without one."""
+    build = parts.mixer.spec.build if parts.mixer is not None else None
+    return build if isinstance(build, type) else None
 
 
 def load_registry(config: RunConfig, registry: Registry | None) -> Registry:

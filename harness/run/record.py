@@ -44,6 +44,12 @@ def provenance_tags(p: Plan) -> dict[str, str]:
     tags[Tag.BATCH_FORMAT] = str(p.fmt)
     if (docs := documents_of(p.task.params)) is not None:
         tags[Tag.DOCUMENTS] = docs
+    from harness.nn import fast_path
+    from harness.run.plan import mixer_class
+
+    device = devices.run_device(p.config.train.accelerator)
+    tags[Tag.KERNEL] = fast_path.resolve(p.config.train.kernels, mixer_class(p.parts), device,
+                                         resets=docs == "separate")
     return tags
 
 

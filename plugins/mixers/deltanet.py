@@ -68,6 +68,8 @@ class DeltaNetConfig:
 class DeltaNet(lr.RecurrentMixer):
     """DeltaNet: linear attention whose fast-weight state is updated by the delta rule (chunked WY form)."""
 
+    fast_path_ops = ("fla.ops.delta_rule.chunk_delta_rule",  # bf16; float32: the fused recurrent one
+                     "fla.ops.delta_rule.fused_recurrent_delta_rule")  # on CUDA (harness.nn.fast_path)
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding", "qk"})
     why_not = {"bias": WHY_NOT_BIAS}
@@ -84,7 +86,8 @@ class DeltaNet(lr.RecurrentMixer):
     def run(self, x: Tensor, positions: Tensor, position: Any, state: dict[str, Any] | None,
             starts: Tensor | None = None) -> Tensor:
         q, k, v, beta = self.inputs(x, positions, position, state, starts)
-        o = lr.delta_rule(q, k, v, beta, None, chunk=self.chunk, state=state, starts=starts)
+        o = lr.delta_rule(q, k, v, beta, None, chunk=self.chunk, state=state, starts=starts,
+                         kernel=self.kernel)
         return self.out_proj(lr.merge_heads(self.norm(o)).to(x.dtype))
 
     def state_size(self, length: int) -> int:

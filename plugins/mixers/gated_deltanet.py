@@ -68,6 +68,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
 class GatedDeltaNet(lr.RecurrentMixer):  # same shape as gla.py by design: one file per variant
     """Gated DeltaNet: the delta rule with a data-dependent per-head decay (Mamba-2 gate) and an output gate."""
 
+    fast_path_ops = ("fla.ops.gated_delta_rule.chunk_gated_delta_rule",)  # on CUDA (harness.nn.fast_path)
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding", "qk"})
     why_not = {"bias": "the gated delta rule never forms the score matrix (it keeps a "
@@ -93,7 +94,8 @@ class GatedDeltaNet(lr.RecurrentMixer):  # same shape as gla.py by design: one f
         q, k, v, beta = self.inputs(x, positions, position, state, starts)
         a = self.a_proj(x).to(lr.compute_dtype(x)) + self.dt_bias
         log_alpha = (-self.A_log.exp() * F.softplus(a)).transpose(1, 2)
-        o = lr.delta_rule(q, k, v, beta, log_alpha, chunk=self.chunk, state=state, starts=starts)
+        o = lr.delta_rule(q, k, v, beta, log_alpha, chunk=self.chunk, state=state, starts=starts,
+                         kernel=self.kernel)
         gate = F.silu(lr.split_heads(self.g_proj(x), self.num_heads))
         return self.out_proj(lr.merge_heads(self.norm(o) * gate).to(x.dtype))
 

@@ -61,6 +61,7 @@ class GLAConfig:
 class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one file per variant
     """Gated linear attention (GLA): linear attention with a data-dependent forget gate per key dimension."""
 
+    fast_path_ops = ("fla.ops.gla.chunk_gla",)  # on CUDA (harness.nn.fast_path)
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding", "qk"})
     why_not = {"bias": "gated linear attention never forms the score matrix (its state sums "
@@ -92,7 +93,7 @@ class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one 
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_alpha = F.logsigmoid(lr.split_heads(self.gate(x), h).to(dtype)) / self.temperature
         o = lr.linear_attention(q, k * self.dk**-0.5, v, log_alpha, chunk=self.chunk, state=state,
-                                starts=starts)
+                                starts=starts, kernel=self.kernel)
         o = F.layer_norm(o, (self.dv,))
         return self.out_proj(F.silu(self.r_proj(x)) * lr.merge_heads(o).to(x.dtype))
 

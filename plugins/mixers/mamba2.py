@@ -57,7 +57,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import Choice, Complexity, Ge, Gt, MixerSpec, documents, hookimpl, selective
+from harness.plugin import (
+    Choice,
+    Complexity,
+    Ge,
+    Gt,
+    MixerSpec,
+    documents,
+    fast_path,
+    hookimpl,
+    selective,
+)
 
 # same shape as mamba.py by design: each variant says why it takes no qk or bias hook
 WHY_NOT = {
@@ -160,6 +170,7 @@ class Mamba2(selective.SelectiveMixer):  # same shape as mamba.py by design: one
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding"})
     why_not = WHY_NOT
+    fast_path_ops = ("fla.ops.simple_gla.chunk_simple_gla",)  # SSD as simple GLA (harness.nn.fast_path)
 
     def __init__(self, config: Mamba2Config, *, d_model: int, num_heads: int) -> None:
         super().__init__(d_model, num_heads)
@@ -200,8 +211,12 @@ class Mamba2(selective.SelectiveMixer):  # same shape as mamba.py by design: one
             delta = F.softplus(dt.to(f) + self.dt_bias.to(f))
             A = -torch.exp(self.A_log.to(f))
             groups = (b, length, self.ngroups, self.d_state)
-            y, state["ssm"] = ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
-                                  state.get("ssm"), self.chunk_size, starts)
+            if length > 1 and fast_path.use_fla(self.kernel, x, resets=starts):
+                y, state["ssm"] = fast_path.ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
+                                                state.get("ssm"))
+            else:  # one token, document starts, the CPU: the reference
+                y, state["ssm"] = ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
+                                      state.get("ssm"), self.chunk_size, starts)
             y = y + xs * self.D.to(f).unsqueeze(-1)
             y = self.norm(y.flatten(-2), z.to(f))
         return self.out_proj(y.to(x.dtype))  # type: ignore[no-any-return]

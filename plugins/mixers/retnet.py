@@ -69,6 +69,7 @@ def retention_decays(num_heads: int) -> list[float]:
 class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by design: one file per variant
     """Multi-scale retention (RetNet): fixed per-head decays, xPos-style rotation, GroupNorm and a swish gate."""
 
+    fast_path_ops = ("fla.ops.simple_gla.chunk_simple_gla",)  # on CUDA (harness.nn.fast_path)
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
     position_hooks = frozenset({"embedding"})
     why_not = {
@@ -115,7 +116,8 @@ class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by desi
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_gamma = self.log_gamma(q)
         log_decay = log_gamma.view(1, h, 1, 1).expand(x.shape[0], h, x.shape[1], 1)
-        o = lr.linear_attention(q, k, v, log_decay, chunk=self.chunk, state=state, starts=starts)
+        o = lr.linear_attention(q, k, v, log_decay, chunk=self.chunk, state=state, starts=starts,
+                                kernel=self.kernel)
         # decay normalisation: 1 / sqrt(Σ_{i=0}^{n} γ^i) = sqrt((1 - γ) / (1 - γ^(n+1))), n
         # counted from the document's start (the rotation above is relative: left as it is)
         n = positions[None, :] if starts is None else documents.places(starts)

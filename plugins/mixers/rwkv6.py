@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from harness_plugins.mixers.rwkv import NO_BIAS, token_shift
 from torch import Tensor, nn
 
-from harness.plugin import Choice, Complexity, Ge, IntRange, Mixer, MixerSpec, hookimpl
+from harness.plugin import Choice, Complexity, Ge, IntRange, Mixer, MixerSpec, fast_path, hookimpl
 
 NO_QK = ("RWKV-6 carries position information in its decay; the paper rotates neither r nor k, "
          "so a rotary scheme has nothing to act on")
@@ -109,6 +109,7 @@ class RWKV6(Mixer):
     """RWKV-6 (Finch) time mixing: data-dependent token shift and decay (low-rank), matrix-valued state per head, GroupNorm and SiLU gate."""
 
     complexity = Complexity(time="L", memory="L", decode="1", state="1")
+    fast_path_ops = ("fla.ops.rwkv6.chunk_rwkv6",)  # on CUDA (harness.nn.fast_path)
     why_not = {"qk": NO_QK, "bias": NO_BIAS}
 
     def __init__(self, config: RWKV6Config, *, d_model: int, num_heads: int) -> None:
@@ -166,8 +167,12 @@ class RWKV6(Mixer):
         s = state.get("S")
         if s is None:
             s = x.new_zeros(b, self.num_heads, self.head_size, self.head_size, dtype=wide)
-        y, state["S"] = wkv6(heads(self.receptance(xr)), heads(self.key(xk)), heads(self.value(xv)),
-                             heads(log_w), self.time_faaaa.to(wide), s, self.chunk, starts)
+        args = (heads(self.receptance(xr)), heads(self.key(xk)), heads(self.value(xv)), heads(log_w),
+                self.time_faaaa.to(wide), s)
+        if n > 1 and fast_path.use_fla(self.kernel, x, resets=starts):
+            y, state["S"] = fast_path.rwkv6(*args)
+        else:  # one token, document starts, the CPU: the reference
+            y, state["S"] = wkv6(*args, self.chunk, starts)
         y = self.ln_x(y.transpose(1, 2).reshape(b * n, d).to(x.dtype)).view(b, n, d)
         return self.output(y * F.silu(self.gate(xg)))  # type: ignore[no-any-return]
 
