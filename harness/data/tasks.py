@@ -65,6 +65,9 @@ class Task:
     #: When set, validation also logs bits per byte (``bpb``): the scored tokens' total bits
     #: over the bytes of the text they spell, comparable across tokenizers.
     token_bytes: Sequence[int] | None = None
+    #: Text to token ids and back (:class:`harness.data.tokenizers.Tokenizer`) for a task over
+    #: text (``corpus_lm``), or None: what ``harness generate`` and ``harness eval`` read text with.
+    tokenizer: Any = None
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config

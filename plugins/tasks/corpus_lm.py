@@ -154,7 +154,7 @@ class CorpusLMTask(Task):
 
     def __init__(self, config: CorpusLMConfig, *, seed: int) -> None:
         self.corpus = open_corpus(corpus_folder(config))
-        tok = self.corpus.tokenizer
+        tok = self.tokenizer = self.corpus.tokenizer
         super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
         self.token_bytes = [int(b) for b in tok.token_bytes()]
         self.train = self.corpus.require("train", config.length + 1, f"a training window ({config.length} + 1 tokens)")
