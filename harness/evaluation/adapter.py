@@ -83,8 +83,11 @@ class HarnessLM(TemplateLM):  # type: ignore[misc]
             raise not_a_language_model(trained)
         self.trained = trained
         self.model = trained.model.eval()
-        if device not in (None, "", "cpu"):
-            self.model.to(device)
+        if device and device != "cpu":
+            import torch
+
+            if not device.startswith("cuda") or torch.cuda.is_available():  # lm-eval's default: cuda
+                self.model.to(device)
         self.codec = codec_of(trained)
         self.batch_size = _int(batch_size, "batch_size", DEFAULT_BATCH)
         self.max_length = _int(max_length, "max_length", int(trained.info.max_length))

@@ -47,9 +47,10 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None) -> Any:
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
-        where = f" or in {include_path}" if include_path else " (add your own with --include-path DIR)"
+        where = f"neither lm-eval nor {include_path} has" if include_path else \
+            "lm-eval has no task of that name (add your own with --include-path DIR)"
         raise ConfigError(
-            f"unknown task {unknown[0]!r}: lm-eval has no task of that name{where}."
+            f"unknown task {unknown[0]!r}: {where}{' one of that name' if include_path else ''}."
             f"{' Close: ' + ', '.join(close) + '.' if close else ''} List them with `lm-eval ls tasks`.")
     return manager
 
