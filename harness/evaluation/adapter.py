@@ -73,12 +73,12 @@ class HarnessLM(TemplateLM):  # type: ignore[misc]
                  max_length: Any = None, seed: Any = 0, device: str | None = None, **_: Any) -> None:
         super().__init__()
         from harness.evaluation.text import codec_of
-        from harness.run import trained as t
+        from harness.run.hub import load_any
 
         if trained is None:
             if not run:
                 raise ConfigError("the harness model needs run=RUN_ID_OR_DIR (--model_args run=...).")
-            trained = t.load(str(run))
+            trained = load_any(str(run))
         if trained.info.format != "lm":
             raise not_a_language_model(trained)
         self.trained = trained

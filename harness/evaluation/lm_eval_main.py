@@ -13,10 +13,10 @@ from __future__ import annotations
 def main() -> None:
     import sys
 
+    from lm_eval.__main__ import cli_evaluate
+
     import harness.evaluation.adapter  # noqa: F401  (registers "harness" with lm-eval)
     from harness.errors import HarnessError
-
-    from lm_eval.__main__ import cli_evaluate
 
     try:
         cli_evaluate()

@@ -90,7 +90,7 @@ class SymbolCodec:
         if unknown:
             shown = ", ".join(repr(s) for s in list(self.vocab.symbols)[:12])
             raise ConfigError(
-                f"the text holds {unknown[0]!r}, which is not in the run's vocabulary "
+                f"{unknown[0]!r} is not in the run's vocabulary "
                 f"({len(self.vocab.symbols)} symbols: {shown}"
                 f"{' ...' if len(self.vocab.symbols) > 12 else ''}; specials {', '.join(SPECIALS)}). "
                 f"This run was trained on a symbol task: write its text in those symbols"
