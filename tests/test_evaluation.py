@@ -296,3 +296,34 @@ def test_rolling_loglikelihood_equals_the_runs_own_validation_loss(corpus_run, m
     ids = t.generate(model, list(b + 5 for b in b"the cat "), max_new_tokens=12)
     assert main(["generate", result.run_id, "--prompt", "the cat ", "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out[:-1] == bytes(i - 5 for i in ids if i >= 5).decode("utf-8", "replace")
+
+
+RECIPE_DATA = {  # a few documents in each recipe task's format (docs/evaluation.md)
+    "lambada_openai": [{"text": "the cat sat on the mat"}, {"text": "a red barn near the old hat"}],
+    "hellaswag": [{"query": "Cats: the cat sat on", "choices": [" a mat.", " the barn.", " red.", " hat."],
+                   "gold": 0}] * 2,
+    "piqa": [{"goal": "sit", "sol1": "on a mat", "sol2": "on a hat", "label": 0}] * 2,
+    "arc_easy": [{"question": "Where is the cat?", "choices": {"text": ["mat", "barn"], "label": ["A", "B"]},
+                  "answerKey": "B"}] * 2,
+    "arc_challenge": [{"question": "What is red?", "choices": {"text": ["barn", "cat", "hat"],
+                                                               "label": ["1", "2", "3"]}, "answerKey": "1"}] * 2,
+    "wikitext": [{"page": " = The cat = \n\n the cat sat on a mat near the old red barn and saw its hat . \n"}],
+}
+
+
+@pytest.mark.slow
+def test_the_documented_offline_recipes_run(corpus_run, tmp_path, monkeypatch, capsys):
+    result, _, root = corpus_run
+    monkeypatch.setenv("HARNESS_HOME", str(root / "home"))
+    monkeypatch.chdir(tmp_path)  # the recipes' data paths are relative to the folder the command runs in
+    (tmp_path / "evals/data").mkdir(parents=True)
+    for name, docs in RECIPE_DATA.items():
+        (tmp_path / f"evals/data/{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    recipes = sorted(p.stem for p in (ROOT / "docs/lm_eval_tasks").glob("*.yaml"))
+    assert len(recipes) == 6
+    assert main(["eval", result.run_id, "--tasks", ",".join(recipes), "--include-path",
+                 str(ROOT / "docs/lm_eval_tasks"), "--no-log"]) == 0
+    out = capsys.readouterr().out
+    for key in ("lambada_local/acc", "hellaswag_local/acc_norm", "piqa_local/acc", "arc_easy_local/acc",
+                "arc_challenge_local/acc", "wikitext_local/bits_per_byte"):
+        assert f"eval/{key} " in out, key
