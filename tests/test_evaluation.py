@@ -327,3 +327,32 @@ def test_the_documented_offline_recipes_run(corpus_run, tmp_path, monkeypatch, c
     for key in ("lambada_local/acc", "hellaswag_local/acc_norm", "piqa_local/acc", "arc_easy_local/acc",
                 "arc_challenge_local/acc", "wikitext_local/bits_per_byte"):
         assert f"eval/{key} " in out, key
+
+
+@pytest.mark.slow
+def test_a_study_scores_each_confirmation_run_downstream_and_reports_it(tmp_path, capsys):
+    import yaml
+
+    (tmp_path / "tasks").mkdir()
+    copy_tasks(tmp_path / "tasks", n=6)
+    model = {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+             "search_declared": False, "position": {"name": "sinusoidal", "search_declared": False}}
+    study = {"name": "downstream", "task": {"name": "copy", "params": {"length": 4, "vocab": 5, "num_train": 64,
+                                                                       "num_val": 8}},
+             "candidates": [{"name": "a", "model": model}], "objective": {"metric": "acc"},
+             "search": {"lr": [3.0e-3]},
+             "train": {"batch_size": 8, "val_every": 4, "num_threads": 1, "log_attention": False},
+             "budget": {"trials": 1, "steps": 4}, "confirm": {"seeds": 2}, "pruner": {"name": "none"},
+             "downstream": {"tasks": ["copy_choice", "copy_write"], "include_path": str(tmp_path / "tasks")}}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    out = tmp_path / "report"
+    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "md,csv"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("downstream: copy_choice/acc") == 2 and "FAILED" not in printed
+    report = (out / "results.md").read_text()
+    assert "## Downstream tasks (lm-eval, mean over confirmation seeds)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| a "))
+    assert "(n=2)" in row
+    seeds = (out / "seeds.csv").read_text().splitlines()
+    assert "eval/copy_choice/acc" in seeds[0] and "eval/copy_write/exact_match" in seeds[0] and len(seeds) == 3

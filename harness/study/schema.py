@@ -325,6 +325,17 @@ class Reference(Strict):
     differences: list[str] = Field(default_factory=list, description="protocol differences, stated")
 
 
+class Downstream(Strict):
+    """lm-eval tasks run on each confirmation run after it trains (docs/evaluation.md): their
+    metrics land on the run as ``eval/<task>/<metric>`` and in the report's downstream table."""
+
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names")
+    include_path: str | None = Field(None, description="a folder of task YAMLs (local data files)")
+    limit: float | None = Field(None, gt=0, description="documents per task (below 1: a share)")
+    num_fewshot: int | None = Field(None, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+
+
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
     profile: str | None = Field(None, exclude_if=lambda v: v is None,
@@ -352,6 +363,8 @@ class StudyConfig(Strict):
     plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
     reference: Reference | None = Field(None, exclude_if=lambda v: v is None,
                                         description="published numbers shown beside the report's")
+    downstream: Downstream | None = Field(None, exclude_if=lambda v: v is None,
+                                          description="lm-eval tasks after each confirmation run")
 
     @model_validator(mode="before")
     @classmethod

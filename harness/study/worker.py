@@ -132,6 +132,27 @@ def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> lis
     return values
 
 
+def downstream(handle: StudyHandle, run_id: str) -> str:
+    """Run the study's lm-eval tasks on a finished run and log them to it (``eval/...``); a
+    failure is said and tagged on the run, and leaves the trial complete (its objective is
+    the run's own)."""
+    from harness.evaluation import runner
+
+    d = handle.config.downstream
+    assert d is not None
+    try:
+        results = runner.evaluate(run_id, d.tasks, include_path=d.include_path, limit=d.limit,
+                                  num_fewshot=d.num_fewshot, batch_size=d.batch_size)
+        values = runner.record(run_id, results, handle.tracker.uri)
+    except HarnessError as exc:
+        reason = shorten(str(exc), 500)
+        handle.tracker.set_tags(run_id, {Tag.DOWNSTREAM_FAILED: reason})
+        return f"downstream evaluation failed: {reason}"
+    shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in values.items()
+                      if not k.endswith("_stderr"))
+    return f"downstream: {shown}"
+
+
 def _find_run(handle: StudyHandle, key: str) -> str | None:
     runs = handle.tracker.client.search_runs(
         [handle.experiment_id()], f"tags.`{Tag.TRIAL}` = '{key}'", max_results=1)
@@ -182,6 +203,8 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                            callbacks=[callback], extra_tags=tags, resume=resume)
             trial.set_user_attr(Attr.RUN, result.run_id)
             values = objective_values(cfg, space, result)
+            if cfg.downstream is not None and job.phase == Phase.CONFIRM and result.run_id:
+                log(f"{label} {downstream(handle, result.run_id)}")
             if result.run_id:
                 handle.tracker.set_tags(result.run_id, {Tag.NOTE: child_note(handle, space, tags, values[0])})
             study.tell(trial, values, skip_if_finished=True)
