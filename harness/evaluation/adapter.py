@@ -121,6 +121,9 @@ class HarnessLM(TemplateLM):  # type: ignore[misc]
                 "tokenizer": self.codec.name}
 
     # -- scoring ------------------------------------------------------------------------------
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=True)  # type: ignore[no-any-return]
+
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
                               **kwargs: Any) -> list[tuple[float, bool]]:
         pairs = [(list(ctx), list(cont)) for _, ctx, cont in requests]

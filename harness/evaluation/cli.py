@@ -20,7 +20,13 @@ def require_lm_eval() -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import os
+
     from harness.errors import ConfigError
+    from harness.runtime.noise import verbose_from_env
+
+    if not verbose_from_env():  # lm-eval's progress bars (tqdm reads this when it is imported)
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
     require_lm_eval()
     if args.out is not None and Path(args.out).exists():

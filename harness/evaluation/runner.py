@@ -102,17 +102,26 @@ def evaluate(run: Any, tasks: Sequence[str], *, include_path: str | Path | None 
         raise ConfigError("--tasks is empty; name at least one lm-eval task (comma-separated).")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for name in ("lm_eval", "lm-eval"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    from harness.runtime.noise import verbose_from_env
+
+    if not verbose_from_env():  # lm-eval's per-YAML notices and progress bars
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
     manager = task_manager(tasks, include_path)
     check_local_files(manager, tasks)
 
     import datasets
+
+    datasets.disable_progress_bars()
+    return _evaluate(run, tasks, manager, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size,
+                     max_length=max_length, seed=seed, bootstrap_iters=bootstrap_iters)
+
+
+def _evaluate(run: Any, tasks: Sequence[str], manager: Any, *, limit: float | None, num_fewshot: int | None,
+              batch_size: int | None, max_length: int | None, seed: int, bootstrap_iters: int) -> dict[str, Any]:
     from lm_eval import simple_evaluate
 
     from harness.evaluation.adapter import HarnessLM
 
-    datasets.disable_progress_bars()
     lm = HarnessLM(trained=run if not isinstance(run, (str, os.PathLike)) else None,
                    run=None if not isinstance(run, (str, os.PathLike)) else str(run),
                    batch_size=batch_size, max_length=max_length, seed=seed)
