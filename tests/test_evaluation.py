@@ -105,6 +105,18 @@ def test_symbol_codec_reads_and_writes_a_symbol_tasks_text():
     assert chars.decode(chars.encode("ab a")) == "ab a"
 
 
+def test_a_bpe_tokenizer_travels_as_its_json_and_reads_text_back():
+    from harness.data.tokenizers import train_bpe
+    from harness.evaluation.text import TokenizerCodec, codec_from_json
+
+    text = "the cat sat on the mat and saw its hat near the old red barn. " * 20
+    codec = TokenizerCodec(train_bpe(300, [text]))
+    again = codec_from_json(codec.to_json(), Vocab(()), "tokenizer.json")
+    sample = "the old cat saw a red hat"
+    assert again.encode(sample) == codec.encode(sample) and min(codec.encode(sample)) >= 5
+    assert again.decode(again.encode(sample)) == sample and again.prefix_id == 4
+
+
 def test_a_missing_local_data_file_is_named_before_anything_loads(tmp_path, capsys):
     _yaml(tmp_path, "lost", tmp_path / "nowhere.jsonl",
           'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n')
@@ -291,9 +303,19 @@ def test_rolling_loglikelihood_equals_the_runs_own_validation_loss(corpus_run, m
     found = runner.metrics(runner.evaluate(result.run_id, ["val_text"], include_path=tasks))
     assert found["eval/val_text/bits_per_byte"] == pytest.approx(result.metrics["val/bpb"], rel=1e-5)
     assert found["eval/val_text/bits_per_byte"] == pytest.approx(result.metrics["val/loss"] / math.log(2), rel=1e-5)
+    # the Hub layout carries the tokenizer: the exported folder scores the same without the corpus
+    shared = root / "shared"
+    assert main(["export", result.run_id, "--format", "hf", "--out", str(shared)]) == 0
+    (root / "corpus").rename(root / "corpus.away")
+    try:
+        again = runner.metrics(runner.evaluate(shared, ["val_text"], include_path=tasks))
+    finally:
+        (root / "corpus.away").rename(root / "corpus")
+    assert again["eval/val_text/bits_per_byte"] == pytest.approx(found["eval/val_text/bits_per_byte"], rel=1e-9)
     # generate reads and writes text through the run's own tokenizer (bytes), not symbols
     model = t.load(result.run_id)
     ids = t.generate(model, list(b + 5 for b in b"the cat "), max_new_tokens=12)
+    capsys.readouterr()
     assert main(["generate", result.run_id, "--prompt", "the cat ", "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out[:-1] == bytes(i - 5 for i in ids if i >= 5).decode("utf-8", "replace")
 
