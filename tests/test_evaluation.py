@@ -216,6 +216,8 @@ def test_hub_layout_round_trip_reproduces_weights_and_generations(home, tmp_path
     assert main(["export", run_id, "--format", "hf", "--out", str(out), "--tracking-uri", uri]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors",
                                                      "tokenizer.json"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes  # shareable alike
     card = (out / "README.md").read_text()
     assert "| model | transformer | attention-harness |" in card and "val/exact" in card
     assert "max_steps 160" in card

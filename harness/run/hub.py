@@ -197,6 +197,10 @@ def export_hf(run_id: str, out: str | Path, tracking_uri: str | None = None) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         hub.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for file in tmp.iterdir():  # a folder to share: readable as the umask allows (safetensors writes 0600)
+            file.chmod(0o666 & ~umask)
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
