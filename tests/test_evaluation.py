@@ -158,7 +158,8 @@ def test_loglikelihood_batches_and_truncation_agree_with_one_request_at_a_time(h
     for pair, (ll, greedy) in zip(pairs, batched, strict=True):
         ctx, cont = pair
         whole = (ctx + cont)[-(lm.max_length + 1):]  # cut from the left to the context
-        logits = lm.model(torch.tensor([whole[:-1]]))[0].double().log_softmax(-1)
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([whole[:-1]]))[0].double().log_softmax(-1)
         rows = logits[len(whole) - 1 - len(cont):]
         expected = sum(float(rows[i, tok]) for i, tok in enumerate(cont))
         assert ll == pytest.approx(expected, abs=1e-4)
@@ -353,21 +354,56 @@ def test_the_documented_offline_recipes_run(corpus_run, tmp_path, monkeypatch, c
         assert f"eval/{key} " in out, key
 
 
+def downstream_study(tasks: Path, objective: str = "acc") -> dict[str, object]:
+    model = {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+             "search_declared": False, "position": {"name": "sinusoidal", "search_declared": False}}
+    return {"name": "downstream", "task": {"name": "copy", "params": {"length": 4, "vocab": 5, "num_train": 64,
+                                                                      "num_val": 8}},
+            "candidates": [{"name": "a", "model": model}], "objective": {"metric": objective},
+            "search": {"lr": [3.0e-3]},
+            "train": {"batch_size": 8, "val_every": 4, "num_threads": 1, "log_attention": False},
+            "budget": {"trials": 1, "steps": 4}, "confirm": {"seeds": 2}, "pruner": {"name": "none"},
+            "downstream": {"tasks": ["copy_choice", "copy_write"], "include_path": str(tasks)}}
+
+
+def test_a_downstream_objective_names_a_downstream_task():
+    from harness.study.schema import StudyConfig
+
+    study = downstream_study(Path("tasks"), "eval/copy_choice/acc")
+    assert StudyConfig.model_validate(study).objective.direction == "maximize"
+    study["objective"] = {"metric": "eval/hellaswag/acc_norm"}
+    with pytest.raises(ValueError, match="list its task 'hellaswag' under downstream.tasks"):
+        StudyConfig.model_validate(study)
+
+
+@pytest.mark.slow
+def test_a_study_can_rank_by_a_downstream_metric(tmp_path, capsys):
+    import yaml
+
+    (tmp_path / "tasks").mkdir()
+    copy_tasks(tmp_path / "tasks", n=6)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(downstream_study(tmp_path / "tasks", "eval/copy_choice/acc")))
+    out = tmp_path / "report"
+    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "json,csv"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("downstream: copy_choice/acc") == 3 and "FAILED" not in printed  # tuning too
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [line.split(",") for line in (out / "seeds.csv").read_text().splitlines()]
+    head = rows[0]
+    assert len(rows) == 3, head
+    for row in rows[1:]:  # each run's objective is its own lm-eval accuracy
+        assert row[head.index("val/eval/copy_choice/acc @4")] == row[head.index("eval/copy_choice/acc")]
+    assert summary["complete"]
+
+
 @pytest.mark.slow
 def test_a_study_scores_each_confirmation_run_downstream_and_reports_it(tmp_path, capsys):
     import yaml
 
     (tmp_path / "tasks").mkdir()
     copy_tasks(tmp_path / "tasks", n=6)
-    model = {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
-             "search_declared": False, "position": {"name": "sinusoidal", "search_declared": False}}
-    study = {"name": "downstream", "task": {"name": "copy", "params": {"length": 4, "vocab": 5, "num_train": 64,
-                                                                       "num_val": 8}},
-             "candidates": [{"name": "a", "model": model}], "objective": {"metric": "acc"},
-             "search": {"lr": [3.0e-3]},
-             "train": {"batch_size": 8, "val_every": 4, "num_threads": 1, "log_attention": False},
-             "budget": {"trials": 1, "steps": 4}, "confirm": {"seeds": 2}, "pruner": {"name": "none"},
-             "downstream": {"tasks": ["copy_choice", "copy_write"], "include_path": str(tmp_path / "tasks")}}
+    study = downstream_study(tmp_path / "tasks")
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
     out = tmp_path / "report"
