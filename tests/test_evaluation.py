@@ -142,9 +142,11 @@ def test_harness_eval_scores_the_copy_model_and_logs_to_its_run(home, capsys):
     assert artifact["results"]["copy_choice"]["acc,none"] == 1.0
     assert json.loads(out.read_text())["results"]["copy_write"]["exact_match,none"] == 1.0
     # reproducible: the same numbers again, batch size aside
-    assert main(["eval", run_id, "--tasks", "copy_choice,copy_write", "--include-path", str(root / "tasks"),
-                 "--no-log", "--batch-size", "3"]) == 0
-    assert "eval/copy_choice/acc" in capsys.readouterr().out
+    again = root / "again.json"
+    assert main(["eval", run_id, "--tasks", "copy_choice,reversal_choice,copy_write", "--include-path",
+                 str(root / "tasks"), "--no-log", "--batch-size", "3", "--out", str(again)]) == 0
+    first, second = json.loads(out.read_text())["results"], json.loads(again.read_text())["results"]
+    assert first == second
 
 
 @pytest.mark.slow
@@ -165,6 +167,9 @@ def test_loglikelihood_batches_and_truncation_agree_with_one_request_at_a_time(h
         assert ll == pytest.approx(expected, abs=1e-4)
         assert greedy == all(int(rows[i].argmax()) == tok for i, tok in enumerate(cont))
     assert batched[0][1]  # the copy of s0 s1 s2 s3 is what the model writes
+    hot = {"do_sample": True, "temperature": 3.0, "max_gen_toks": 4}
+    assert lm.continue_text("s2 s0 <sep>", **hot) == lm.continue_text("s2 s0 <sep>", **hot)  # seeded
+    assert lm.continue_text("s2 s0 s4 s1 <sep>", max_gen_toks=4, until=["s4"]) == "s2 s0 "  # cut before the stop
 
 
 @pytest.mark.slow
