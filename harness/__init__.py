@@ -125,9 +125,9 @@ def load_model(ref: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
     """The trained module (in eval mode) and its resolved config, from a run id (its final
     weights in the store, else its newest checkpoint) or a folder written by ``harness
     export``; see :mod:`harness.run.trained`."""
-    from harness.run.trained import load
+    from harness.run.hub import load_any
 
-    trained = load(os.fspath(ref))
+    trained = load_any(os.fspath(ref))
     return trained.model, trained.config
 
 

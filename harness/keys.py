@@ -51,6 +51,7 @@ class Tag:
     SLOT = "harness.slot"
     SEED = "harness.seed"
     WORKER = "harness.worker"
+    DOWNSTREAM_FAILED = "harness.downstream_failed"  # why a study's lm-eval tasks did not run
     GIT_COMMIT = "mlflow.source.git.commit"
     PARENT_RUN = "mlflow.parentRunId"
     NOTE = "mlflow.note.content"  # the run's description (Markdown), shown first on its page

@@ -20,7 +20,7 @@ LAYERS = [
     {"harness.data"},
     {"harness.nn"},
     {"harness.plugin", "harness.config", "harness.registry"},
-    {"harness.run"},
+    {"harness.run", "harness.evaluation"},
     {"harness.study"},
     {"harness.report"},
     # users of the public API (the benchmarks build and train models the way users do)

@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
 EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.cli.check", "harness.cli.scaffold",
-                     "harness.data.cli", "harness.cli.trained")
+                     "harness.data.cli", "harness.cli.trained", "harness.evaluation.cli")
 
 
 class _Version(argparse.Action):

@@ -8,20 +8,34 @@ from typing import Any
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from harness.errors import ConfigError
+    from harness.evaluation.text import codec_of
     from harness.run import trained as t
 
     t.check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model = _load(t, args.run)
-    prompt = t.encode(model.vocab, args.prompt)
+    t.check_generates(model)  # before the prompt: a classifier cannot generate whatever it is
+    codec = codec_of(model)  # the run's own tokenizer: text in, text out
+    prompt = codec.encode(args.prompt)
+    if not prompt:
+        raise ConfigError("--prompt is empty; give the text to continue.")
     out = t.generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(t.decode(model.vocab, out))
+    print(codec.decode(out))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from harness.run import trained as t
 
+    if args.format == "hf":
+        from harness.run.hub import export_hf
+
+        target = export_hf(args.run, args.out, args.tracking_uri)
+        print(f"exported {args.run} to {target} in the Hugging Face Hub layout (model.safetensors, "
+              f"config.json, tokenizer.json, README.md); load it with "
+              f"harness.load_model({str(target)!r}) or HubModel.from_pretrained (docs/evaluation.md)")
+        return 0
     target = t.export(args.run, args.out)
     print(f"exported {args.run} to {target} ({t.WEIGHTS}, {t.META}); load it with "
           f"harness.load_model({str(target)!r})")
@@ -29,16 +43,20 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _load(t: Any, ref: str) -> Any:
-    return t.load(ref)
+    from harness.run.hub import load_any
+
+    return load_any(ref)
 
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a trained language-model run",
                        description="Generate from a trained run (a run id in the store, or a folder "
                                    "written by `harness export`) through the model's own decoding "
-                                   "path (KV cache or recurrent state). The prompt is written in the "
-                                   "run's vocabulary: symbols separated by spaces, or characters for a "
-                                   "character-level task. --temperature 0 (the default) is greedy.")
+                                   "path (KV cache or recurrent state). The prompt is text, read and "
+                                   "written through the run's own tokenizer (a corpus run: bytes, "
+                                   "chars, BPE or its tokenizer.json); a symbol task's prompt is its "
+                                   "symbols separated by spaces (characters for a character-level "
+                                   "task). --temperature 0 (the default) is greedy.")
     p.add_argument("run", metavar="RUN_ID_OR_DIR")
     p.add_argument("--prompt", required=True, metavar="TEXT")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -55,4 +73,8 @@ def add_parsers(sub: Any) -> None:
                                    "not exist.")
     p.add_argument("run", metavar="RUN_ID")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--format", choices=("harness", "hf"), default="harness",
+                   help="harness: model.safetensors + model.json; hf: the Hugging Face Hub layout "
+                        "(config.json, tokenizer.json, a model card; from_pretrained/push_to_hub)")
+    p.add_argument("--tracking-uri", default=None, help="hf: the store whose metrics go in the model card")
     p.set_defaults(handler=cmd_export)

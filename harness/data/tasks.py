@@ -76,6 +76,9 @@ class Task:
     #: it as ``TaskInfo.document_token``); None: windows are one stream. A task whose config
     #: asks for it says so in ``TaskConfig.separate_documents``, before it is built.
     document_token: int | None = None
+    #: Text to token ids and back (:class:`harness.data.tokenizers.Tokenizer`) for a task over
+    #: text (``corpus_lm``), or None: what ``harness generate`` and ``harness eval`` read text with.
+    tokenizer: Any = None
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config

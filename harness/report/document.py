@@ -12,6 +12,7 @@ from harness.report.collect import CandidateResult, Protocol
 from harness.report.render import (
     Block,
     comparison_table,
+    downstream_table,
     first_line,
     fixed_table,
     headline,
@@ -80,6 +81,14 @@ def document(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
         if any(v is None for r in results for v in r.by_length.values()):
             blocks.append(("p", "n/a: the model cannot run at that length (for example a learned "
                                 "position table or a fixed-length mixer)."))
+    table = downstream_table(results, protocol)
+    if table is not None:
+        blocks.append(("h2", "Downstream tasks (lm-eval, mean over confirmation seeds)"))
+        blocks.append(table)
+        blocks.append(("p", f"Each confirmation run scored on lm-eval tasks after training "
+                            f"(study `downstream:`; docs/evaluation.md); brackets: the "
+                            f"{protocol.confidence:.0%} interval of the mean over seeds. Not the "
+                            f"objective: the ranking above does not use them."))
     for title, path in figures:
         blocks += [("h2", title), ("img", (path.name, title))]
     return blocks + list(extra)

@@ -103,6 +103,9 @@ def candidates_csv(results: list[CandidateResult], verdict: Verdict, protocol: P
 
 def seeds_csv(results: list[CandidateResult], protocol: Protocol) -> str:
     from harness.report.collect import cost_value
+    from harness.report.render import downstream_keys
+
+    downstream = downstream_keys(results)  # lm-eval metrics of the runs (docs/evaluation.md)
 
     rows = []
     for r in results:
@@ -115,6 +118,7 @@ def seeds_csv(results: list[CandidateResult], protocol: Protocol) -> str:
                 "peak_memory_mb": number(cost_value(s.metrics, "peak_memory")),
                 **{val_key(protocol.metric, n): number(s.metrics.get(val_key(protocol.metric, n)))
                    for n in protocol.lengths},
+                **{k: number(s.metrics.get(k)) for k in downstream},
             })
     return csv_text(rows)
 

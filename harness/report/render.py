@@ -159,6 +159,33 @@ def length_table(results: list[CandidateResult], protocol: Protocol) -> Block:
     return "table", (header, rows)
 
 
+def downstream_keys(results: list[CandidateResult]) -> list[str]:
+    """The lm-eval metrics (``eval/<task>/<metric>``, no stderr) of the confirmation runs."""
+    return sorted({k for r in results for s in r.seeds for k in s.metrics
+                   if k.startswith("eval/") and not k.endswith("_stderr")})
+
+
+def downstream_table(results: list[CandidateResult], protocol: Protocol) -> Block | None:
+    """Per candidate, each downstream metric's mean over its confirmation seeds with its
+    interval (the statistics of every other metric: :func:`stats.mean_interval`)."""
+    keys = downstream_keys(results)
+    if not keys:
+        return None
+    rows = []
+    for r in results:
+        row = [r.name]
+        for key in keys:
+            values = [s.metrics[key] for s in r.seeds if key in s.metrics]
+            if not values:
+                row.append("–")
+                continue
+            iv = stats.mean_interval(values, protocol.confidence)
+            band = f" [{fmt(iv.low)}, {fmt(iv.high)}]" if math.isfinite(iv.low) else ""
+            row.append(f"{fmt(stats.mean(values))}{band} (n={len(values)})")
+        rows.append(row)
+    return "table", (["candidate"] + [k.removeprefix("eval/") for k in keys], rows)
+
+
 def fixed_table(results: list[CandidateResult], verdict: Verdict) -> Block:
     names = [r.name for r in results]
     rows = [[key] + [values.get(n, "–") for n in names]

@@ -233,6 +233,16 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}.")
 
 
+def check_generates(trained: Trained) -> None:
+    """A HarnessError unless the run writes tokens (a language-model or encoder-decoder run)."""
+    if trained.info.format not in ("lm", "seq2seq"):
+        raise HarnessError(
+            f"generate needs a language-model or encoder-decoder run; this one trained a "
+            f"{trained.task_kind} task in the {trained.info.format} format (it predicts labels, "
+            f"not tokens). Evaluate it with its study or `harness train` instead."
+        )
+
+
 def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              use_cache: bool = True) -> list[int]:
@@ -240,13 +250,8 @@ def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, t
     import torch
 
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_generates(trained)
     fmt, model = trained.info.format, trained.model
-    if fmt not in ("lm", "seq2seq"):
-        raise HarnessError(
-            f"generate needs a language-model or encoder-decoder run; this one trained a "
-            f"{trained.task_kind} task in the {fmt} format (it predicts labels, not tokens). "
-            f"Evaluate it with its study or `harness train` instead."
-        )
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -39,8 +39,11 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=100)]
 #: and confirmation seeds count up from ``seed``: both must stay valid numpy seeds.
 StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
-MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error"})
-MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1", "macro_f1", "chrf", "exact_match"})
+MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error",
+                      "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"})
+MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1", "macro_f1", "chrf", "exact_match", "acc_norm"})
+#: An objective of this form is a downstream (lm-eval) metric: ``eval/<task>/<metric>``.
+DOWNSTREAM_PREFIX = "eval/"
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
 COSTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tokens_per_s": ((Metric.TOKENS_PER_S,), "maximize"),
@@ -105,12 +108,18 @@ class Objective(Strict):
     direction: Literal["maximize", "minimize"] | None = None
     length: int | None = Field(None, ge=1, le=10**7, description="evaluation length (default: training length)")
 
+    @property
+    def downstream(self) -> bool:
+        """An lm-eval metric (``eval/<task>/<metric>``, the study's ``downstream:`` tasks)."""
+        return self.metric.startswith(DOWNSTREAM_PREFIX)
+
     @model_validator(mode="after")
     def _infer_direction(self) -> Objective:
         if self.direction is None:
-            if self.metric in MINIMIZE:
+            base = self.metric.rsplit("/", 1)[-1] if self.downstream else self.metric
+            if base in MINIMIZE:
                 self.direction = "minimize"
-            elif self.metric in MAXIMIZE:
+            elif base in MAXIMIZE:
                 self.direction = "maximize"
             else:
                 raise ValueError(
@@ -325,6 +334,17 @@ class Reference(Strict):
     differences: list[str] = Field(default_factory=list, description="protocol differences, stated")
 
 
+class Downstream(Strict):
+    """lm-eval tasks run on each confirmation run after it trains (docs/evaluation.md): their
+    metrics land on the run as ``eval/<task>/<metric>`` and in the report's downstream table."""
+
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names")
+    include_path: str | None = Field(None, description="a folder of task YAMLs (local data files)")
+    limit: float | None = Field(None, gt=0, description="documents per task (below 1: a share)")
+    num_fewshot: int | None = Field(None, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+
+
 class StudyConfig(Strict):
     kind: Literal["study"] = "study"
     profile: str | None = Field(None, exclude_if=lambda v: v is None,
@@ -352,6 +372,8 @@ class StudyConfig(Strict):
     plugins: list[str] = Field(default_factory=list, description="local plugin .py files")
     reference: Reference | None = Field(None, exclude_if=lambda v: v is None,
                                         description="published numbers shown beside the report's")
+    downstream: Downstream | None = Field(None, exclude_if=lambda v: v is None,
+                                          description="lm-eval tasks after each confirmation run")
 
     @model_validator(mode="before")
     @classmethod
@@ -394,6 +416,13 @@ class StudyConfig(Strict):
                          if self.reference else set())
         if unknown:
             raise ValueError(f"reference.rows name candidates this study lacks: {', '.join(unknown)}")
+        if self.objective.downstream:
+            task = self.objective.metric.split("/")[1] if self.objective.metric.count("/") >= 2 else ""
+            if self.downstream is None or task not in self.downstream.tasks:
+                raise ValueError(
+                    f"objective.metric '{self.objective.metric}' is a downstream metric "
+                    f"(eval/<task>/<metric>): list its task '{task}' under downstream.tasks "
+                    f"(docs/evaluation.md)")
         if self.confirm.baseline is not None and self.confirm.baseline not in names:
             raise ValueError(
                 f"confirm.baseline '{self.confirm.baseline}' is not a candidate "

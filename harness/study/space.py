@@ -397,7 +397,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         _check_plan(space, cand)
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
     logged = logged_metrics(space.task)
-    if logged is not None and config.objective.metric not in logged:
+    if logged is not None and config.objective.metric not in logged and not config.objective.downstream:
         close = difflib.get_close_matches(config.objective.metric, sorted(logged), n=1)
         raise ConfigError(
             f"objective.metric: task '{tspec.name}' does not log '{config.objective.metric}'"

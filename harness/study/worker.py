@@ -132,6 +132,41 @@ def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> lis
     return values
 
 
+def downstream(handle: StudyHandle, space: StudySpace, result: Any) -> str:
+    """Run the study's lm-eval tasks on a finished run and log them to it (``eval/...``).
+    A downstream objective is also logged as the validation metric the study reads
+    (``val/eval/<task>/<metric>`` and at the objective's length), so that ranking, report and
+    statistics treat it like any other objective. A failure is tagged on the run: it fails the
+    trial when the objective is downstream, and otherwise leaves it complete."""
+    from harness.evaluation import runner
+
+    cfg = handle.config
+    d, run_id = cfg.downstream, result.run_id
+    assert d is not None
+    try:
+        results = runner.evaluate(run_id, d.tasks, include_path=d.include_path, limit=d.limit,
+                                  num_fewshot=d.num_fewshot, batch_size=d.batch_size)
+        values = runner.record(run_id, results, handle.tracker.uri)
+        if cfg.objective.downstream:
+            if cfg.objective.metric not in values:
+                raise HarnessError(f"the downstream objective {cfg.objective.metric} was not among "
+                                   f"lm-eval's results ({', '.join(sorted(values))}).")
+            value = values[cfg.objective.metric]
+            aliases = {val_key(cfg.objective.metric): value,
+                       val_key(cfg.objective.metric, space.objective_length): value}
+            handle.tracker.log_metrics(run_id, aliases)
+            result.metrics.update(aliases)
+    except HarnessError as exc:
+        reason = shorten(str(exc), 500)
+        handle.tracker.set_tags(run_id, {Tag.DOWNSTREAM_FAILED: reason})
+        if cfg.objective.downstream:
+            raise
+        return f"downstream evaluation failed: {reason}"
+    shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in values.items()
+                      if not k.endswith("_stderr"))
+    return f"downstream: {shown}"
+
+
 def _find_run(handle: StudyHandle, key: str) -> str | None:
     runs = handle.tracker.client.search_runs(
         [handle.experiment_id()], f"tags.`{Tag.TRIAL}` = '{key}'", max_results=1)
@@ -181,6 +216,9 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             result = train(run, registry=space.registry, parent_run_id=handle.parent_run_id,
                            callbacks=[callback], extra_tags=tags, resume=resume)
             trial.set_user_attr(Attr.RUN, result.run_id)
+            if cfg.downstream is not None and result.run_id and (
+                    job.phase == Phase.CONFIRM or cfg.objective.downstream):
+                log(f"{label} {downstream(handle, space, result)}")
             values = objective_values(cfg, space, result)
             if result.run_id:
                 handle.tracker.set_tags(result.run_id, {Tag.NOTE: child_note(handle, space, tags, values[0])})

@@ -165,7 +165,7 @@ class CorpusLMTask(Task):
 
     def __init__(self, config: CorpusLMConfig, *, seed: int) -> None:
         self.corpus = open_corpus(corpus_folder(config))
-        tok = self.corpus.tokenizer
+        tok = self.tokenizer = self.corpus.tokenizer
         super().__init__(config, seed=seed, vocab=Vocab(symbols(tok, self.corpus.vocab_size)))
         self.token_bytes = [int(b) for b in tok.token_bytes()]
         self.document_token = self.corpus.eod_id if config.separate_documents() else None
