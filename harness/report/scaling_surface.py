@@ -134,7 +134,7 @@ def fit_surface(n: Sequence[float] | np.ndarray, d: Sequence[float] | np.ndarray
     top = float(z.max()) + 5.0
     bounds = [(-30.0, top), (-30.0, top), (-30.0, top), (1e-3, 5.0), (1e-3, 5.0)]
 
-    def run(s: Sequence[float], iterations: int) -> tuple[float, np.ndarray]:
+    def run(s: Sequence[float] | np.ndarray, iterations: int) -> tuple[float, np.ndarray]:
         res = minimize(_objective, np.asarray(s, dtype=np.float64), args=(x, y, z, delta),
                        jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxiter": iterations, "ftol": 1e-15, "gtol": 1e-12})
