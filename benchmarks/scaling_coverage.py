@@ -14,7 +14,8 @@ interval covers it (:func:`harness.report.scaling_fit.crossover`). The table is 
 Uneven grids: ``--uneven 2,1,1`` gives the cells (budget-major, sizes in order) 2, 1, 1, 2, 1,
 1, ... seeds, cycling the pattern; ``--failed K`` drops K cells (the largest size at the
 first K budgets) as failed runs would. ``--harness PATH`` imports ``harness`` from another
-checkout (the code before a change, to compare). ``--truth surface`` draws every run from a
+checkout (the code before a change, to compare). ``--duplicates`` makes a cell's extra seeds
+repeat its first loss (a point read twice off a published figure: zero spread). ``--truth surface`` draws every run from a
 Chinchilla loss surface L(N, D) = 1.8 + 400/N^0.35 + 2000/D^0.37 (D = C/6N, budgets 1e18 to
 1e22, sizes around N*(C)) and measures approach 3's intervals (alpha, beta, E, a) and
 approach 2's N*-exponent against the surface's a = beta/(alpha+beta).
@@ -55,16 +56,20 @@ def layout(seeds: int, pattern: list[int] | None, failed: int, budgets: int, siz
     return grid
 
 
-def runs(law: sf.PowerLaw, rng: np.random.Generator, noise: float, grid: list[list[int]]) -> list[sf.Run]:
+def runs(law: sf.PowerLaw, rng: np.random.Generator, noise: float, grid: list[list[int]],
+         duplicates: bool = False) -> list[sf.Run]:
+    """``duplicates``: a cell's extra seeds repeat its first loss (as points read twice off a
+    published figure do)."""
     out = []
     sizes = len(grid[0])
     half = sizes // 2
     for c, row in zip(np.logspace(12, 16, len(grid)), grid, strict=True):
         for k, seeds in zip(range(-half, sizes - half), row, strict=True):
             truth = float(law(c)) + 0.02 * (0.7 * k) ** 2
+            first = truth * math.exp(rng.normal(0, noise))
             for s in range(seeds):
-                out.append(sf.Run(float(c), math.sqrt(c) * math.exp(0.7 * k), s,
-                                  truth * math.exp(rng.normal(0, noise))))
+                loss = first if s == 0 or duplicates else truth * math.exp(rng.normal(0, noise))
+                out.append(sf.Run(float(c), math.sqrt(c) * math.exp(0.7 * k), s, loss))
     return out
 
 
@@ -100,6 +105,7 @@ def main() -> None:
     ap.add_argument("--failed", type=int, default=0, help="cells left out, as failed runs")
     ap.add_argument("--no-crossover", action="store_true", help="skip the crossover columns (a third of the time)")
     ap.add_argument("--truth", choices=("frontier", "surface"), default="frontier")
+    ap.add_argument("--duplicates", action="store_true", help="extra seeds repeat the cell's first loss")
     ap.add_argument("--harness", default=None, help="import harness from this checkout")
     args = ap.parse_args()
     started = time.time()
@@ -119,8 +125,9 @@ def main() -> None:
     for noise in (float(x) for x in args.noise.split(",")):
         for seeds in seed_list:
             grid = layout(seeds, pattern, args.failed, args.budgets, args.sizes)
-            label = args.uneven.replace(",", "/") + (f", {args.failed} failed" if args.failed else "") \
-                if pattern else str(seeds) + (f", {args.failed} failed" if args.failed else "")
+            label = (args.uneven.replace(",", "/") if pattern else str(seeds)) \
+                + (f", {args.failed} failed" if args.failed else "") \
+                + (", extra seeds duplicates" if args.duplicates else "")
             n_runs = sum(map(sum, grid))
             if args.truth == "surface":
                 hits = np.zeros(5)
@@ -139,14 +146,17 @@ def main() -> None:
             found = 0
             for i in range(args.reps):
                 rng = np.random.default_rng(1000 * seeds + i)
-                fit = sf.fit_candidate("t", runs(TRUTH, rng, noise, grid), n_boot=args.boot, seed=i)
+                fit = sf.fit_candidate("t", runs(TRUTH, rng, noise, grid, args.duplicates), n_boot=args.boot,
+                                       seed=i)
                 hits[0] += cover(fit.alpha, TRUTH.alpha)
                 hits[1] += cover(fit.E, TRUTH.E)
                 hits[2] += cover(fit.n_exponent, 0.5)
                 if args.no_crossover:
                     continue
-                fa = sf.fit_candidate("A", runs(CROSS_A, rng, noise, grid), n_boot=args.boot, seed=i)
-                fb = sf.fit_candidate("B", runs(CROSS_B, rng, noise, grid), n_boot=args.boot, seed=i + 7)
+                fa = sf.fit_candidate("A", runs(CROSS_A, rng, noise, grid, args.duplicates), n_boot=args.boot,
+                                      seed=i)
+                fb = sf.fit_candidate("B", runs(CROSS_B, rng, noise, grid, args.duplicates), n_boot=args.boot,
+                                      seed=i + 7)
                 cx = sf.crossover(fa, fb)
                 found += cx.compute is not None
                 hits[3] += cx.compute is not None and cx.low <= CROSS_AT <= cx.high
