@@ -213,3 +213,63 @@ def test_an_lstm_a_gru_and_a_transformer_trained_at_one_flop_budget_land_within_
         realised = recount_per_token(model) * m[Metric.TRAIN_TOKENS]
         assert abs(realised / BUDGET - 1) < 0.05, (model, realised)
         assert abs(m[Metric.TRAIN_FLOPS] / BUDGET - 1) < 0.05, model  # and by its own count
+
+
+DECLARING_PLUGIN = '''
+import torch
+from harness.plugin import Complexity, Mixer, MixerSpec, hookimpl
+
+
+class NumpyProjection(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.from_numpy(x.detach().numpy() @ w.detach().numpy())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        flat_x, flat_g = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        return grad @ w.T, flat_x.T @ flat_g
+
+
+class Declared(Mixer):
+    complexity = Complexity(time="L", memory="L", decode="1", state="1")
+
+    def __init__(self, config, *, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        self.weight = torch.nn.Parameter(torch.eye(d_model))
+
+    def mix(self, x, *, causal, key_padding_mask, position):
+        u = NumpyProjection.apply(x, self.weight.to(x.dtype))
+        return u.cumsum(1) / torch.arange(1, x.shape[1] + 1, dtype=x.dtype)[:, None]
+
+    def hidden_flops(self, inputs, output):
+        return 6.0 * inputs[0].shape[0] * inputs[0].shape[1] * self.weight.numel()
+
+
+@hookimpl
+def harness_register_mixer(register):
+    register(MixerSpec(name="declared_mean", build=Declared))
+'''
+
+
+@pytest.mark.slow
+def test_a_run_logs_the_declared_count_as_its_budget_counted_it(tmp_path):
+    """The realised compute (cost/flops_per_token, counted on a training step by the run's
+    own meter) adds the declared FLOPs as the budget's probe did."""
+    from harness.run.pipeline import train
+
+    plugin = tmp_path / "declared_mean.py"
+    plugin.write_text(DECLARING_PLUGIN)
+    cfg = {"task": {"name": "char_lm", "params": {"length": 16, "num_train": 32, "num_val": 4}},
+           "model": {"name": "transformer", "params": {"d_model": 16, "heads": 2, "layers": 1},
+                     "mixer": {"name": "declared_mean"}},
+           "train": {"batch_size": 4, "num_threads": 1, "progress": False, "val_every": 1000,
+                     "warmup_steps": 1, "max_flops": 3e7},
+           "plugins": [str(plugin)], "tracking": {"experiment": "declared"}}
+    m = train(cfg).metrics
+    c = parse_run_config(cfg)
+    cost = flops.probe(plan(c, load_registry(c, None)))
+    assert m[Metric.FLOPS_PER_TOKEN] == pytest.approx(cost.flops_per_token, rel=1e-9)
+    assert abs(m[Metric.TRAIN_FLOPS] / 3e7 - 1) < 0.05
