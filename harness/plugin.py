@@ -47,6 +47,13 @@ is what studies sample. Floats must be finite and booleans are not numbers, for 
 parameter. ``harness check NAME`` runs the conformance checks on a plugin; its pytest
 form is :mod:`harness.testing`. The reference is ``docs/plugins.md``.
 
+Compute: FLOP budgets count with torch's ``FlopCounterMode``, which sees aten operations
+only. A module whose work runs elsewhere (a custom autograd function calling C++, CUDA or
+Triton) declares it with a method ``hidden_flops(inputs, output) -> float`` (forward and
+backward FLOPs of one call, added to the count); weights used once per position rather
+than per token are named in a class attribute ``sequence_weights``. The kit's ``flops``
+check fails a plugin whose count falls under 6 FLOPs per weight per token.
+
 Importing this module imports torch (the base classes are ``nn.Module`` subclasses). The
 harness imports it once before loading plugins; ``harness --help`` loads none, and
 ``harness list`` caches its listing.

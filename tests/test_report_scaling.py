@@ -106,6 +106,17 @@ def test_the_exports_carry_the_same_numbers():
     assert data["fits"][0]["alpha"] == alpha.value and data["crossovers"][0]["a"] == "att"
     frame = scaling.dataframe(a)
     assert list(frame["candidate"]) == ["att", "mix"] and frame.loc[0, "alpha"] == alpha.value
+    # approach 3, in every export: the same surface estimates
+    surface = a.fits["att"].surface
+    assert surface is not None and surface.runs == 27 and surface.cells == 9
+    assert data["fits"][0]["surface_beta"] == surface.beta.value == frame.loc[0, "surface_beta"]
+    assert data["surfaces"]["att"]["alpha"] == surface.surface.alpha
+    assert "surface_n_opt_at_largest_low" in csv_text.splitlines()[0]
+    assert f"{surface.alpha.value:.3g}" in tex.split("approach 3")[1]
+    n_opt, _ = surface.optimum(surface.largest_compute)
+    assert data["fits"][0]["surface_n_opt_at_largest"] == n_opt.value
+    md = render_markdown(scaling.blocks(a))
+    assert "att, approach 3: L(N, D) = E + A/N^α + B/D^β" in md and "a = β/(α+β)" in md
 
 
 def test_an_untuned_study_says_so_first():

@@ -156,3 +156,20 @@ def test_the_interval_covers_the_true_exponent_at_about_its_nominal_rate():
     covered, width = coverage(100, seeds=3, noise=0.01, n_boot=200)
     assert covered >= 0.87
     assert 0.75 <= width <= 1.4
+
+
+def test_a_few_replicated_cells_do_not_narrow_the_intervals():
+    """Uneven grids (the issue behind the residual bootstrap over every run): one seed a
+    cell, except four cells run twice with identical losses (zero spread). Pooling only the
+    replicated cells' residuals gave intervals of zero width; every run's residual from the
+    iso-FLOP parabolas keeps them as wide as with one seed everywhere."""
+    truth = sf.PowerLaw(1.6, 4000.0, 0.25)
+    single = frontier_runs(truth, np.random.default_rng(5), noise=0.01, seeds=1)
+    twice = single + [sf.Run(r.budget, r.params, 1, r.loss) for r in single[::6]]
+    widths = []
+    for runs in (single, twice):
+        fit = sf.fit_candidate("u", runs, n_boot=80, seed=2)
+        widths.append(fit.alpha.high - fit.alpha.low)
+        assert fit.alpha.low < 0.25 < fit.alpha.high
+    assert widths[1] > 0.7 * widths[0]
+    assert "all 30 runs" in sf.fit_candidate("u", twice, n_boot=2).residual_source

@@ -7,7 +7,8 @@ and for a scaling study the fits (:mod:`.scaling_fit`), crossovers, figures and 
   deviation, flagged past :data:`COMPUTE_TOLERANCE`.
 * :func:`analyse`: per base candidate of a scaling study, :func:`.scaling_fit.fit_candidate`
   over its confirmation runs (loss = the objective, size = ``cost/params``, budget = the
-  cell's), and the crossover of every pair of candidates.
+  cell's, tokens = ``cost/train_tokens``), approach 3's loss surface included
+  (:mod:`.scaling_surface`), and the crossover of every pair of candidates.
 * :func:`blocks`: the report's section (sentences first, then the tables, the figures);
   :func:`fits_csv`, :func:`runs_csv`, :func:`latex_table`, :func:`summary` and
   :func:`dataframe`: the same numbers as every other table's exports (``scaling.csv``,
@@ -31,6 +32,7 @@ from harness.report import scaling_fit as sf
 from harness.report.collect import CandidateResult
 from harness.report.export import csv_text, number
 from harness.report.render import Block, fmt
+from harness.report.scaling_surface import Interval
 from harness.study.budget import off_budget
 from harness.study.schema import StudyConfig
 
@@ -139,7 +141,8 @@ def runs_by_base(config: StudyConfig, results: list[CandidateResult]) -> dict[st
                 continue
             realised = s.metrics.get(Metric.TRAIN_FLOPS if cell.unit == "flops" else Metric.TRAIN_TOKENS)
             out.setdefault(cell.base, []).append(
-                sf.Run(cell.budget, float(params), s.seed, float(s.value), realised))
+                sf.Run(cell.budget, float(params), s.seed, float(s.value), realised,
+                       s.metrics.get(Metric.TRAIN_TOKENS)))
     return out
 
 
@@ -155,7 +158,7 @@ def analyse(config: StudyConfig, results: list[CandidateResult], *, confidence: 
         runs = out.runs.get(base, [])
         try:
             out.fits[base] = sf.fit_candidate(base, runs, confidence=confidence, n_boot=n_boot,
-                                              seed=i)
+                                              seed=i, surface=True, unit=out.unit)
         except ValueError as exc:
             out.failed[base] = str(exc)
     names = [b for b in bases if b in out.fits]
@@ -165,7 +168,7 @@ def analyse(config: StudyConfig, results: list[CandidateResult], *, confidence: 
     return out
 
 
-def _est(e: sf.Estimate, digits: int = 3) -> str:
+def _est(e: sf.Estimate | Interval, digits: int = 3) -> str:
     if not e.defined:
         return f"{fmt(e.value, digits)} [interval undefined]"
     return f"{fmt(e.value, digits)} [{fmt(e.low, digits)}, {fmt(e.high, digits)}]"
@@ -181,6 +184,16 @@ def fit_sentences(a: ScalingAnalysis) -> list[str]:
                    f"{f.smallest_budget:.3g} to {f.largest_budget:.3g} {unit} "
                    f"({f.largest_budget / f.smallest_budget:.0f}x)."
                    + (" " + " ".join(n[0].upper() + n[1:] + "." for n in f.notes) if f.notes else ""))
+    for name, f in a.fits.items():
+        s = f.surface
+        if s is None:
+            continue
+        n_opt, d_opt = s.optimum(s.largest_compute)
+        out.append(f"{name}, approach 3: L(N, D) = E + A/N^α + B/D^β with E = {_est(s.E)}, "
+                   f"α = {_est(s.alpha)}, β = {_est(s.beta)}; N*(C) ∝ C^a with a = β/(α+β) = "
+                   f"{_est(s.a)}; at the largest run's C = 6ND = {s.largest_compute:.3g} FLOPs, "
+                   f"N* = {_est(n_opt)} parameters and D* = {_est(d_opt)} tokens "
+                   f"({s.runs} runs in {s.cells} cells).")
     for name, why in a.failed.items():
         out.append(f"{name}: no fit: {why}.")
     for c in a.crossovers:
@@ -205,12 +218,21 @@ def blocks(a: ScalingAnalysis, figures: list[tuple[str, Path]] = ()) -> list[Blo
                      f"(Besiroglu et al. 2024); {level} percentile intervals from bootstrap "
                      f"replicates (their number and what they resample: the table) that redraw "
                      f"every run from pooled residuals, then refit everything. Crossovers are searched "
-                     f"up to {sf.SEARCH_LIMIT:.0e}x the largest budget."))
+                     f"up to {sf.SEARCH_LIMIT:.0e}x the largest budget. Approach 3: every run "
+                     f"fitted with L(N, D) = E + A/N^α + B/D^β by the same Huber loss (D: the "
+                     f"tokens each run trained), N*(C) and D*(C) minimise it on C = 6ND; its "
+                     f"intervals resample the (N, D) cells, each with all its seeds."))
     header = ["candidate", f"α [{level}]", f"E [{level}]", "A", f"a of N*(C) [{level}]",
               "budgets", "not bracketed", "bootstrap"]
     rows = [[n, _est(f.alpha), _est(f.E), f"{f.law.A:.3g}", _est(f.n_exponent),
              str(len(f.budgets)), str(sum(not p.bracketed for p in f.profiles)),
              f"{f.alpha.replicates} replicates; {f.residual_source}"] for n, f in a.fits.items()]
+    if rows:
+        out.append(("table", (header, rows)))
+    header = ["candidate", f"E [{level}]", f"A [{level}]", f"B [{level}]", f"α [{level}]",
+              f"β [{level}]", f"a = β/(α+β) [{level}]", "runs / cells"]
+    rows = [[n, _est(s.E), _est(s.A), _est(s.B), _est(s.alpha), _est(s.beta), _est(s.a),
+             f"{s.runs} / {s.cells}"] for n, f in a.fits.items() if (s := f.surface) is not None]
     if rows:
         out.append(("table", (header, rows)))
     header = ["candidate", "budget", "N* (optimal params)", "L*", "bracketed"]
@@ -247,12 +269,18 @@ def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[t
         low, high = f.band(grid)
         if np.all(np.isfinite(low)):
             ax.fill_between(grid, low, high, color=color, alpha=0.18, linewidth=0)
+        if f.surface is not None:  # approach 3's frontier: the surface at N*(C), D*(C)
+            c6 = grid if a.unit == "flops" else 6 * grid
+            s = f.surface.surface
+            ax.plot(grid, s(s.n_opt(c6), s.d_opt(c6)), color=color, linestyle="--", linewidth=1,
+                    label=f"{name}, approach 3: a = {s.a:.3g}")
     ax.axvline(hi, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training compute (FLOPs)" if a.unit == "flops" else "training tokens")
     ax.set_ylabel("loss (objective)")
-    ax.set_title("Compute-optimal frontier: L(C) = E + A·C^-α, bands: bootstrap interval")
+    ax.set_title("Compute-optimal frontier: L(C) = E + A·C^-α, bands: bootstrap interval;\n"
+                 "dashed: the loss surface L(N, D) at N*(C), D*(C)", fontsize=9)
     ax.legend(fontsize=7)
     drawn.append(("Loss versus compute", save_figure(fig, out_dir / "scaling_frontier.png")))
     fig, axes = plt.subplots(1, len(a.fits), figsize=(4.2 * len(a.fits), 3.8), squeeze=False)
@@ -266,12 +294,15 @@ def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[t
             ns = sorted({r.params for r in pts})
             z = np.logspace(math.log10(ns[0] / 1.3), math.log10(ns[-1] * 1.3), 60)
             ax.plot(z, p(z), color=color, label=f"C = {p.budget:.2g}")
+            if f.surface is not None:  # the fitted surface along this budget (dashed)
+                tokens = p.budget / (6 * z) if a.unit == "flops" else np.full_like(z, p.budget)
+                ax.plot(z, f.surface.surface(z, tokens), color=color, linestyle="--", linewidth=1)
             ax.scatter([p.n_opt], [p.loss_opt], marker="*" if p.bracketed else "X", s=80,
                        color=color, edgecolor="black", zorder=3)
         ax.set_xscale("log")
         ax.set_xlabel("parameters N")
         ax.set_ylabel("loss")
-        ax.set_title(f"{name}: iso-FLOP profiles")
+        ax.set_title(f"{name}: iso-FLOP profiles" + (" (dashed: L(N, D))" if f.surface else ""))
         ax.legend(fontsize=7)
     drawn.append(("Iso-FLOP profiles", save_figure(fig, out_dir / "scaling_isoflop.png")))
     return drawn
@@ -289,8 +320,32 @@ def fit_records(a: ScalingAnalysis) -> list[dict[str, Any]]:
                 "smallest_budget": f.smallest_budget, "largest_budget": f.largest_budget,
                 "not_bracketed": sum(not p.bracketed for p in f.profiles),
                 "replicates": f.alpha.replicates, "transfer": a.transfer}
+        row |= surface_record(f)
         rows.append(row)
     return rows
+
+
+SURFACE_KEYS = ("E", "A", "B", "alpha", "beta", "a")
+
+
+def surface_record(f: sf.CandidateFit) -> dict[str, Any]:
+    """Approach 3's columns (NaN without a surface fit, so every row has the same columns)."""
+    out: dict[str, Any] = {}
+    s = f.surface
+    compute = s.largest_compute if s else math.nan
+    ests = [(k, getattr(s, k) if s else None) for k in SURFACE_KEYS]
+    if s is not None:
+        n_opt, d_opt = s.optimum(compute)
+        ests += [("n_opt_at_largest", n_opt), ("d_opt_at_largest", d_opt)]
+    else:
+        ests += [("n_opt_at_largest", None), ("d_opt_at_largest", None)]
+    for key, e in ests:
+        out |= {f"surface_{key}": e.value if e else math.nan,
+                f"surface_{key}_low": e.low if e else math.nan,
+                f"surface_{key}_high": e.high if e else math.nan}
+    out["surface_compute"] = compute
+    out["surface_runs"] = s.runs if s else 0
+    return out
 
 
 def fits_csv(a: ScalingAnalysis) -> str:
@@ -301,14 +356,14 @@ def fits_csv(a: ScalingAnalysis) -> str:
 def runs_csv(a: ScalingAnalysis) -> str:
     return csv_text([{"candidate": n, "budget": number(r.budget), "params": number(r.params),
                   "seed": str(r.seed), "loss": number(r.loss), "realised": number(r.compute),
-                  "off_budget": number(off_budget(r.compute, r.budget))}
+                  "off_budget": number(off_budget(r.compute, r.budget)), "tokens": number(r.tokens)}
                  for n, runs in a.runs.items() for r in runs])
 
 
 def latex_table(a: ScalingAnalysis) -> str:
     from harness.report.export import tex
 
-    def cell(e: sf.Estimate) -> str:
+    def cell(e: sf.Estimate | Interval) -> str:
         if not e.defined:
             return f"${e.value:.3g}$"
         return f"${e.value:.3g}$ [${e.low:.3g}$, ${e.high:.3g}$]"
@@ -323,6 +378,18 @@ def latex_table(a: ScalingAnalysis) -> str:
         lines.append(f"    {tex(name)} & {cell(f.alpha)} & {cell(f.E)} & ${f.law.A:.3g}$ & "
                      f"{cell(f.n_exponent)} \\\\")
     lines += [r"    \bottomrule", r"  \end{tabular}", r"\end{table}"]
+    surfaces = [(n, f.surface) for n, f in a.fits.items() if f.surface is not None]
+    if surfaces:
+        lines += [r"\begin{table}[t]", r"  \centering",
+                  r"  \caption{" + tex(f"Loss surface L(N, D) = E + A/N^alpha + B/D^beta per candidate "
+                                       f"(approach 3) and a = beta/(alpha+beta) of N*(C), with "
+                                       f"{a.confidence:.0%} bootstrap intervals over cells.") + "}",
+                  r"  \begin{tabular}{llllll}", r"    \toprule",
+                  r"    Candidate & $E$ & $\alpha$ & $\beta$ & $a$ & runs \\", r"    \midrule"]
+        for name, s in surfaces:
+            lines.append(f"    {tex(name)} & {cell(s.E)} & {cell(s.alpha)} & {cell(s.beta)} & "
+                         f"{cell(s.a)} & {s.runs} \\\\")
+        lines += [r"    \bottomrule", r"  \end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
@@ -339,8 +406,12 @@ def summary(a: ScalingAnalysis) -> dict[str, Any]:
                         "share": c.share, "below_after": c.below_after,
                         "extrapolated": c.extrapolated, "sentence": c.sentence()}
                        for c in a.crossovers],
+        "surfaces": {n: {"E": s.E, "A": s.A, "B": s.B, "alpha": s.alpha, "beta": s.beta, "a": s.a,
+                         "G": s.G} for n, f in a.fits.items()
+                     if f.surface is not None for s in [f.surface.surface]},
         "runs": {n: [{"budget": r.budget, "params": r.params, "seed": r.seed, "loss": r.loss,
-                      "realised": r.compute} for r in runs] for n, runs in a.runs.items()},
+                      "realised": r.compute, "tokens": r.tokens} for r in runs]
+                 for n, runs in a.runs.items()},
     })
 
 

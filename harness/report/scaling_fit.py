@@ -15,15 +15,17 @@ Pure numerics on numpy and scipy (no stores, no torch), so they are tested on sy
   *not bracketed*: the smallest measured loss stands in and the report says so.
 * :func:`fit_candidate`: per candidate, the iso-FLOP profiles at every budget, the frontier
   L*(C) fitted by :func:`fit_power_law`, and N*(C) = G·C^a by least squares in log-log;
-  intervals from a bootstrap over the runs: every resample rebuilds each (size, budget)
-  cell from its mean plus log-space residuals drawn from all cells' seeds (pooled, each
-  scaled by sqrt(n/(n-1)) so their spread is the unbiased one), then refits everything.
-  Resampling the seeds of a cell on its own would give a 3-seed cell only ten distinct
-  resamples and intervals far too narrow (``benchmarks/interval_coverage.md``); cells
-  with a single run contribute no residual. With no replicated cell, each cell is redrawn
-  from its iso-FLOP parabola's fitted value plus the parabolas' pooled log residuals (scaled
-  by sqrt(n/(n-p))); with only 3 sizes a budget (no residual degrees of freedom) the frontier
-  fit's residuals are resampled instead, and the N*(C) exponent then has no interval.
+  intervals from a residual bootstrap in which every run counts once, whether its cell has
+  one seed or three: each run's log residual from its budget's iso-FLOP parabola (fitted to
+  the cells' means), pooled and scaled by sqrt(R/(R - 3·budgets)) (R runs; 3 coefficients a
+  parabola), redraws every cell as the parabola's value times the mean of as many resampled
+  residuals as the cell has runs, then everything is refitted. (Until 2026-11-26 only the
+  replicated cells' residuals were pooled: a grid where a few cells had two seeds and the
+  rest one got intervals far too narrow; ``benchmarks/scaling_coverage.md``, uneven grids.)
+  With no residual degrees of freedom (3 sizes a budget, one seed a cell) the frontier fit's
+  residuals are resampled instead, and the N*(C) exponent then has no interval.
+* approach 3 (:mod:`.scaling_surface`): with ``surface=True`` the loss surface L(N, D) fitted
+  to every run, N*(C) and D*(C) with intervals (a bootstrap over cells).
 * :func:`crossover`: the compute at which one candidate's fitted frontier falls below
   another's, with its percentile interval over paired bootstrap replicates, or none within
   the range searched; flagged when it lies more than :data:`EXTRAPOLATION_LIMIT` times past
@@ -38,6 +40,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from harness.report.scaling_surface import SurfaceFit, fit_with_intervals
 
 #: Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024).
 HUBER_DELTA = 1e-3
@@ -183,6 +187,14 @@ class Run:
     seed: int
     loss: float
     compute: float | None = None  # the compute it realised (None: not measured)
+    tokens: float | None = None  # the tokens it trained (None: from the budget, see tokens_of)
+
+
+def tokens_of(run: Run, unit: str) -> float:
+    """The training tokens D of a run: measured, else its token budget, else C / 6N."""
+    if run.tokens is not None and run.tokens > 0:
+        return float(run.tokens)
+    return float(run.budget) if unit == "tokens" else float(run.budget) / (6.0 * run.params)
 
 
 def cells(runs: Iterable[Run]) -> dict[tuple[float, float], list[float]]:
@@ -234,6 +246,7 @@ class CandidateFit:
     replicates: list[PowerLaw] = field(default_factory=list)
     residual_source: str = ""  # what the bootstrap resampled
     notes: list[str] = field(default_factory=list)
+    surface: SurfaceFit | None = None  # approach 3 (None: not asked for, or not fittable)
 
     def band(self, compute: np.ndarray, confidence: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The pointwise percentile band of the fitted L(C) over the bootstrap replicates."""
@@ -285,56 +298,48 @@ def check_design(runs: Sequence[Run]) -> None:
 
 
 def fit_candidate(name: str, runs: Sequence[Run], *, confidence: float = 0.95,
-                  n_boot: int = N_BOOT, seed: int = 0) -> CandidateFit:
+                  n_boot: int = N_BOOT, seed: int = 0, surface: bool = False,
+                  unit: str = "flops") -> CandidateFit:
     """The candidate's iso-FLOP profiles, frontier fit and N*(C) law, with bootstrap
-    intervals (see module). Needs at least 3 budgets with 3 sizes each."""
+    intervals (see module); with ``surface`` also approach 3 (``unit``: what the budgets
+    count, for the runs' tokens: :func:`tokens_of`). Needs at least 3 budgets with 3 sizes
+    each."""
     check_design(runs)
     grid = cells(runs)
     means = {k: float(np.mean(v)) for k, v in grid.items()}
     budgets, profiles = _frontier(means)
     law = fit_power_law([p.budget for p in profiles], [p.loss_opt for p in profiles])
     a, g = _n_law(profiles)
-    # pooled log-space residuals of the replicated cells, scaled to unbiased spread
-    residuals: list[float] = []
-    for v in grid.values():
-        if len(v) > 1:
-            logs = np.log(v)
-            residuals += list((logs - logs.mean()) * math.sqrt(len(v) / (len(v) - 1)))
     rng = np.random.default_rng(seed)
     keys = sorted(grid)
     notes = []
-    fitted_cells: dict[tuple[float, float], float] = {}
-    if residuals:
-        source = (f"log residuals of {sum(len(v) for v in grid.values() if len(v) > 1)} runs "
-                  f"in {sum(len(v) > 1 for v in grid.values())} replicated cells, pooled")
-        pool = np.asarray(residuals)
+    by_budget = {p.budget: p for p in profiles}
+    fitted_cells = {k: float(by_budget[k[0]](k[1])) for k in keys}
+    # every run's log residual from its budget's parabola, replicated cells and single ones alike
+    res = np.array([math.log(v) - math.log(fitted_cells[k]) for k in keys for v in grid[k]]
+                   if all(f > 0 for f in fitted_cells.values()) else [])
+    dof = res.size - 3 * len(profiles)
+    replicated = sum(len(v) > 1 for v in grid.values())
+    pooled = dof > 0
+    if pooled:
+        pool = res * math.sqrt(res.size / dof)
+        source = (f"log residuals of all {res.size} runs from the iso-FLOP parabolas, pooled "
+                  f"({len(keys)} cells, {replicated} with several seeds; {dof} degrees of freedom)")
     else:
-        by_budget = {p.budget: p for p in profiles}
-        res = np.array([math.log(means[k]) - math.log(float(by_budget[k[0]](k[1]))) for k in keys])
-        dof = len(keys) - 3 * len(profiles)
-        if dof > 0:  # one seed a cell: the residuals of the iso-FLOP parabolas
-            pool = res * math.sqrt(len(res) / dof)
-            fitted_cells = {k: float(by_budget[k[0]](k[1])) for k in keys}
-            source = (f"log residuals of the iso-FLOP parabolas ({len(keys)} cells, one seed "
-                      f"each; {dof} degrees of freedom)")
-        else:
-            fitted = law.log_loss(np.array([p.budget for p in profiles]))
-            res = np.log([p.loss_opt for p in profiles]) - fitted
-            pool = res * math.sqrt(len(res) / max(len(res) - 3, 1))
-            fitted_cells = {}
-            source = "residuals of the frontier fit (no cell has two seeds, 3 sizes a budget)"
-            notes.append("one seed per (size, budget) and 3 sizes a budget: the intervals rest on "
-                         "the frontier fit's residuals alone, and the N*(C) exponent has none")
+        fitted = law.log_loss(np.array([p.budget for p in profiles]))
+        res = np.log([p.loss_opt for p in profiles]) - fitted
+        pool = res * math.sqrt(len(res) / max(len(res) - 3, 1))
+        source = "residuals of the frontier fit (no cell has two seeds, 3 sizes a budget)"
+        notes.append("one seed per (size, budget) and 3 sizes a budget: the intervals rest on "
+                     "the frontier fit's residuals alone, and the N*(C) exponent has none")
     reps: list[PowerLaw] = []
     alphas, es, as_, ns = [], [], [], []
     for _ in range(n_boot):
-        if residuals or fitted_cells:
+        if pooled:
             sample = {}
             for k in keys:
-                n = len(grid[k])
-                draw = rng.choice(pool, size=n, replace=True)
-                base = means[k] if residuals else fitted_cells[k]
-                sample[k] = float(np.mean(np.exp(math.log(base) + draw)))
+                draw = rng.choice(pool, size=len(grid[k]), replace=True)
+                sample[k] = float(np.mean(np.exp(math.log(fitted_cells[k]) + draw)))
             try:
                 _, profs = _frontier(sample)
                 rep = fit_power_law([p.budget for p in profs], [p.loss_opt for p in profs],
@@ -359,9 +364,18 @@ def fit_candidate(name: str, runs: Sequence[Run], *, confidence: float = 0.95,
         edge = [f"{p.budget:.3g}" for p in profiles if not p.bracketed]
         notes.append(f"the optimal size is not bracketed at budget(s) {', '.join(edge)}: the best "
                      f"measured size stands in (add sizes beyond it)")
-    return CandidateFit(name, budgets, profiles, law, _estimate(law.E, es, confidence),
-                        _estimate(law.A, as_, confidence), _estimate(law.alpha, alphas, confidence),
-                        _estimate(a, ns, confidence), g, reps, source, notes)
+    fit = CandidateFit(name, budgets, profiles, law, _estimate(law.E, es, confidence),
+                       _estimate(law.A, as_, confidence), _estimate(law.alpha, alphas, confidence),
+                       _estimate(a, ns, confidence), g, reps, source, notes)
+    if surface:
+        kept = [r for r in runs if math.isfinite(r.loss) and r.loss > 0]
+        try:
+            fit.surface = fit_with_intervals([r.params for r in kept], [tokens_of(r, unit) for r in kept],
+                                             [r.loss for r in kept], confidence=confidence,
+                                             n_boot=n_boot, seed=seed)
+        except ValueError as exc:
+            fit.notes.append(f"no loss-surface fit (approach 3): {exc}")
+    return fit
 
 
 # -- crossovers ----------------------------------------------------------------------------

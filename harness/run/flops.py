@@ -14,7 +14,13 @@ a Transformer that is exactly 6N + 14·layers·d·L per token (N: the weights of
 products, the tied or untied output head included, embedding lookups excluded; L: the
 context, the causal mask not discounted; 14 rather than the usual 12 because the fused
 kernels' backward recomputes QK^T, which torch's formula counts): within 5% of the 6N +
-12·layers·d·L convention while L is at most about the width (``tests/test_flops.py``). What it does not
+12·layers·d·L convention while L is at most about the width (``tests/test_flops.py``). The
+fused recurrent kernels (``nn.LSTM``/``nn.GRU``/``nn.RNN`` on oneDNN and cuDNN) are counted by
+formula: 2 FLOPs per multiply-add of every gate matrix per token and direction, forward;
+twice that backward (``RNN_KERNELS``); the unfused paths are matrix products already. A
+module whose work runs where no counter sees it (a custom autograd function, a C++ or Triton
+kernel) declares it: ``hidden_flops(inputs, output) -> float``, the forward and backward
+FLOPs of one call, added to the count (:class:`FlopCount`). What it does not
 count: element-wise work (activations, norms, gates, the softmax), recurrent scans written
 as element-wise loops, ``cumsum``, and FFTs. ``probe(..., measure_uncounted=True)`` measures
 that work (one FLOP per element an uncounted operation writes, 5·n·log2(n) per FFT of length
@@ -76,21 +82,117 @@ def _sdpa_cpu_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: A
     return int(sdpa_backward_flop_count(grad_out, query, key, value))
 
 
-def flop_counter() -> Any:
-    """``FlopCounterMode`` with the fused CPU attention kernels counted: torch registers the
-    CUDA kernels' formulas only, so without these a CPU run's attention counted 0 FLOPs
-    (a 2-layer d_model-64 Transformer at 64 tokens: 13% of its FLOPs)."""
+def _numel(shape: Any) -> int:
+    return math.prod(int(n) for n in shape)
+
+
+def _rnn_tokens(input_shape: Any) -> int:
+    """Positions an RNN kernel runs over: (L, B, I), (B, L, I) or packed (tokens, I)."""
+    return _numel(input_shape[:-1])
+
+
+def _rnn_weights(shapes: Any) -> int:
+    """Multiply-adds per position of the matrices among ``shapes`` (biases are 1-D)."""
+    return sum(_numel(s) for s in shapes if s is not None and len(s) >= 2)
+
+
+def rnn_layer_flops(input: Any, weight0: Any, weight1: Any, *args: Any, out_shape: Any = None,
+                    **kwargs: Any) -> int:
+    """oneDNN's fused layer (one layer, one direction; ``weight0`` input-to-hidden,
+    ``weight1`` hidden-to-hidden): 2 FLOPs per multiply-add per position."""
+    return 2 * _rnn_tokens(input) * _rnn_weights((weight0, weight1))
+
+
+def rnn_layer_backward_flops(input: Any, weight1: Any, weight2: Any, *args: Any,
+                             out_shape: Any = None, **kwargs: Any) -> int:
+    """Its backward: the gradients of the inputs and of the weights, each as costly as the
+    forward."""
+    return 4 * _rnn_tokens(input) * _rnn_weights((weight1, weight2))
+
+
+def cudnn_rnn_flops(input: Any, weight: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """cuDNN's fused RNN (every layer and direction; ``weight``: their matrices and biases)."""
+    return 2 * _rnn_tokens(input) * _rnn_weights(weight)
+
+
+def cudnn_rnn_backward_flops(input: Any, weight: Any, *args: Any, out_shape: Any = None,
+                             **kwargs: Any) -> int:
+    """Its backward: the inputs' and the weights' gradients (``output_mask``, the last
+    argument: which of input, hx, cx, weights are asked for)."""
+    mask = args[-1] if args and isinstance(args[-1], (list, tuple)) else kwargs.get("output_mask")
+    passes = 2 if mask is None else int(bool(mask[0])) + int(bool(mask[3]))
+    return 2 * passes * _rnn_tokens(input) * _rnn_weights(weight)
+
+
+#: The fused kernels counted by formula (aten name -> formula over the arguments' shapes).
+RNN_KERNELS = {
+    "mkldnn_rnn_layer": rnn_layer_flops,
+    "mkldnn_rnn_layer_backward": rnn_layer_backward_flops,
+    "_cudnn_rnn": cudnn_rnn_flops,
+    "_cudnn_rnn_backward": cudnn_rnn_backward_flops,
+    "miopen_rnn": cudnn_rnn_flops,
+    "miopen_rnn_backward": cudnn_rnn_backward_flops,
+}
+
+
+def _counter_mode() -> Any:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     aten = torch.ops.aten
     mapping = {}
     for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", _sdpa_cpu),
-                          ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_cpu_backward)):
+                          ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_cpu_backward),
+                          *RNN_KERNELS.items()):
         op = getattr(aten, name, None)
         if op is not None:
             mapping[op] = formula
     return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+class FlopCount:
+    """``FlopCounterMode`` (see :func:`flop_counter`) plus what the modules of ``model``
+    declare: each call of a module with ``hidden_flops(inputs, output)`` adds that many."""
+
+    def __init__(self, model: Any = None) -> None:
+        self.mode = _counter_mode()
+        self.flop_registry = self.mode.flop_registry
+        self.model = model
+        self.declared = 0.0
+        self._hooks: list[Any] = []
+
+    def _add(self, module: Any, inputs: Any, output: Any) -> None:
+        self.declared += float(module.hidden_flops(inputs, output))
+
+    def __enter__(self) -> FlopCount:
+        if self.model is not None:
+            self._hooks = [m.register_forward_hook(self._add) for m in self.model.modules()
+                           if callable(getattr(m, "hidden_flops", None))]
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+
+    def get_total_flops(self) -> float:
+        return float(self.mode.get_total_flops()) + self.declared
+
+    def get_flop_counts(self) -> Any:
+        return self.mode.get_flop_counts()
+
+
+def flop_counter(model: Any = None) -> FlopCount:
+    """``FlopCounterMode`` with the fused CPU attention kernels counted (torch registers the
+    CUDA kernels' formulas only, so without these a CPU run's attention counted 0 FLOPs: a
+    2-layer d_model-64 Transformer at 64 tokens, 13% of its FLOPs), the fused recurrent
+    kernels counted (``RNN_KERNELS``: without them a float32 ``nn.LSTM`` on the CPU counted
+    0), and the ``hidden_flops`` the modules of ``model`` declare."""
+    return FlopCount(model)
 
 
 class _Uncounted:
@@ -155,7 +257,7 @@ def probe(p: Any, *, measure_uncounted: bool = False, task: Any = None) -> StepC
         model = build_model(p, info)
         system = HarnessSystem(model, task, p.fmt, t)
         system.train()
-        with flop_counter() as counter:
+        with flop_counter(system) as counter:
             masked_stats(system(small), small)["loss"].backward()
         counted = float(counter.get_total_flops())
         extra = 0.0

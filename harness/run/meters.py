@@ -120,7 +120,7 @@ class StepProbe(L.Callback):
         stack = self._stack = contextlib.ExitStack()
         if self.compiled:
             stack.enter_context(torch.compiler.set_stance("force_eager"))
-        self._flops = stack.enter_context(flop_counter())
+        self._flops = stack.enter_context(flop_counter(module))
         if module.device.type == "cpu":
             memory = self._memory = TensorMemory("cpu")
             memory.add(step_state(module, trainer.optimizers, batch))

@@ -202,6 +202,55 @@ class Checks:
         raise NotImplementedError
 
 
+#: How far under 6 x the weights a count may fall: a recurrence from a zero state skips its
+#: first step's hidden products (1/L of them), a classifier's head runs once per sequence.
+FLOP_SLACK = 0.1
+
+
+def matrix_weights(module: torch.nn.Module) -> int:
+    """The weights a token multiplies and adds: every trainable parameter with at least two
+    dimensions longer than 1 (matrices, convolution kernels), each shared one once; the
+    tables of ``nn.Embedding`` modules (looked up, not multiplied) left out unless another
+    module also holds them (a head tied to the embedding), and so are those a module names in
+    ``sequence_weights`` (parameter or sub-module names: weights used once per position of
+    the sequence rather than per token of the batch, such as a generated filter's)."""
+    skipped: set[int] = set()
+    for m in module.modules():
+        for name in getattr(m, "sequence_weights", ()):
+            part = m.get_submodule(name) if name in dict(m.named_modules()) else m.get_parameter(name)
+            skipped |= {id(p) for p in (part.parameters() if isinstance(part, torch.nn.Module) else [part])}
+    used: dict[int, int] = {}
+    for m in module.modules():
+        if isinstance(m, torch.nn.Embedding):
+            continue
+        for p in m.parameters(recurse=False):
+            if p.requires_grad and id(p) not in skipped and sum(n > 1 for n in p.shape) >= 2:
+                used[id(p)] = p.numel()
+    return sum(used.values())
+
+
+def check_flop_count(module: torch.nn.Module, loss: Callable[[], torch.Tensor], positions: float,
+                     what: str) -> None:
+    """One forward and backward pass (``loss().backward()``) under the harness's FLOP counter
+    must count at least 6 x :func:`matrix_weights` x ``positions`` (2 FLOPs per
+    multiply-add; forward, the inputs' and the weights' gradients), within
+    :data:`FLOP_SLACK`: below it, work runs where the counter does not look and a FLOP
+    budget would give the plugin free compute."""
+    from harness.run.flops import flop_counter
+
+    weights = matrix_weights(module)
+    with flop_counter(module) as counter:
+        loss().backward()
+    counted, bound = counter.get_total_flops() / positions, 6.0 * weights
+    assert counted >= (1 - FLOP_SLACK) * bound, (
+        f"{what}: the FLOP counter sees {counted:,.0f} FLOPs per token (forward and backward), "
+        f"under the lower bound 6 x {weights:,} weights = {bound:,.0f} (2 FLOPs per multiply-add, "
+        f"3 passes): the work runs where torch's FlopCounterMode does not look (a fused or custom "
+        f"kernel), so a FLOP budget would give it free compute. Declare it: give the module that "
+        f"runs it `hidden_flops(inputs, output)` returning the forward and backward FLOPs of one "
+        f"call, or register a formula for its op (torch.utils.flop_counter.register_flop_formula).")
+
+
 def _add_tests(cls: type[Checks]) -> None:
     """A pytest method ``test_<name>`` for each ``check_<name>`` the class defines."""
     for attr, fn in list(vars(cls).items()):

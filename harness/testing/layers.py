@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from harness.nn.position import PositionScheme
-from harness.testing.core import Checks, NotApplicable, close, rand
+from harness.testing.core import Checks, NotApplicable, check_flop_count, close, rand
 
 B = 2
 
@@ -219,6 +219,14 @@ class SequenceLayerChecks(Checks):
         bad = [n for n, p in layer.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         assert not bad, f"non-finite gradients in {', '.join(bad)}"
         assert x.grad is not None and x.grad.abs().sum() > 0, "no gradient reaches the input"
+
+    def check_flops(self) -> None:
+        """float32 forward and backward count at least 6 FLOPs per weight per position."""
+        layer, length = self.build(torch.float32), 12
+        x = self.x(length, dtype=torch.float32).requires_grad_()
+        causal = self.modes()[0]
+        check_flop_count(layer, lambda: self.run(layer, x, causal=causal).square().sum(), B * length,
+                         f"float32, causal={causal}")
 
     def check_reference(self) -> None:
         """float64 outputs equal the spec's independent ``reference(layer, x, causal=...)``."""

@@ -26,7 +26,7 @@ from harness.data.formats import FORMATS
 from harness.data.tasks import TaskInfo
 from harness.data.vocab import BOS, EOS
 from harness.nn.mixer import LayerCache
-from harness.testing.core import Checks, NotApplicable, close
+from harness.testing.core import Checks, NotApplicable, check_flop_count, close
 
 ENCODER_FORMATS = ("classification", "tagging")
 
@@ -325,6 +325,19 @@ class ModelChecks(Checks):
             assert not missing, f"{fmt}: no gradient reaches {', '.join(missing)}"
             bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
             assert not bad, f"{fmt}: non-finite gradients in {', '.join(bad)}"
+
+    def check_flops(self) -> None:
+        """float32 forward and backward count at least 6 FLOPs per weight per token (lm first)."""
+        formats = self.formats()
+        fmt = "lm" if "lm" in formats else formats[0]
+        model = self.build(fmt).float()
+        batch = self.batch(fmt, [self.max_length] * 3, seed=4)
+        if fmt == "seq2seq":  # the encoder's weights run per source token, the decoder's per target token
+            positions = min(batch["src"].numel(), batch["tgt_in"].numel()) * 1.0
+        else:
+            positions = float(batch["tokens"].numel())
+        check_flop_count(model, lambda: self.loss(fmt, self.call(model, fmt, batch), batch), positions,
+                         f"{fmt}, float32")
 
     def check_reference(self) -> None:
         """float64 outputs equal the spec's independent ``reference(model, fmt, batch)``."""

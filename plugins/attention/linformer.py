@@ -86,6 +86,8 @@ class LinformerAttention(Attention):  # same shape as mixers/retnet.py by design
 
     directions = frozenset({"bidirectional"})
     complexity = Complexity(time="L", memory="L", decode="none", state="none")
+    #: E and F act along the sequence: k·d multiply-adds per token, not one per weight (the FLOP check)
+    sequence_weights = ("proj_k", "proj_v")
     position_hooks = frozenset({"embedding"})
     why_not = {
         "qk": "Linformer mixes the keys across positions before scoring, so a rotation by "

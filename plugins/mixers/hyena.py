@@ -143,6 +143,8 @@ class Hyena(Mixer):
     """Hyena: gated implicit long convolutions (FFN-generated filters with a decaying window) by FFT."""
 
     complexity = Complexity(time="L log L", memory="L", decode="L", state="L")
+    #: the filter network runs once per position, not per token of the batch (the FLOP check)
+    sequence_weights = ("filter",)
     why_not = WHY_NOT
 
     def __init__(self, config: HyenaConfig, *, d_model: int, num_heads: int) -> None:

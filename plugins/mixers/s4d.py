@@ -70,6 +70,8 @@ class S4D(Mixer):
     """S4D: a complex diagonal state-space model per channel, convolution kernel for training, recurrence for decoding."""
 
     complexity = Complexity(time="L log L", memory="L", decode="1", state="1")
+    #: the kernel is generated once per position, then applied by FFT (the FLOP check)
+    sequence_weights = ("ssm",)
     why_not = WHY_NOT
 
     def __init__(self, config: S4DConfig, *, d_model: int, num_heads: int) -> None:
