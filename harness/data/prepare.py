@@ -92,6 +92,10 @@ class Prepared:
             files = [f"{src['path']} ({src['replaced_bytes']})" for src in m["sources"] if src["replaced_bytes"]]
             lines.append(f"  {replaced} bytes that are not UTF-8 were replaced by U+FFFD: {', '.join(files[:5])}"
                          + (" ..." if len(files) > 5 else ""))
+        asked = parse_spec(m["tokenizer"].get("spec", ""))[1] if str(m["tokenizer"].get("spec", "")).startswith("bpe:") else None
+        if asked is not None and m["tokenizer"]["vocab_size"] < asked:
+            lines.append(f"  asked for bpe:{asked}; the train text supports only {m['tokenizer']['vocab_size']} "
+                         f"ids (no pair of tokens left to merge): prepare more text or ask for fewer")
         if m.get("empty_documents"):
             lines.append(f"  {m['empty_documents']} empty documents skipped")
         if not self.reused and self.seconds:

@@ -54,7 +54,9 @@ from harness.runtime import files as user_files
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")
 BINARY_SUFFIXES = (".parquet", ".arrow")
-COMPRESSED: dict[str, Any] = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+#: Each compressed suffix's reader of an open binary file.
+COMPRESSED: dict[str, Any] = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
+                              ".bz2": lambda f: bz2.BZ2File(f, "rb"), ".xz": lambda f: lzma.LZMAFile(f, "rb")}  # noqa: SIM115
 #: Files ``datasets.save_to_disk`` writes beside its ``.arrow`` files (metadata, not data).
 DATASETS_METADATA = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
 #: The one field of a ``.txt`` record.
@@ -236,7 +238,7 @@ def _open_text(path: Path) -> IO[str]:
     suffix = path.suffix.lower()
     raw: IO[bytes] = user_files.open_regular(path, "the source")  # closed with the wrapper
     if suffix in COMPRESSED:
-        raw = COMPRESSED[suffix](raw, "rb")
+        raw = COMPRESSED[suffix](raw)
     return io.TextIOWrapper(raw, encoding="utf-8", errors=ERRORS, newline="" if format_of(path) == ".csv" else None)
 
 
