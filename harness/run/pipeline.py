@@ -12,6 +12,7 @@ suffixed " (pruned)") or KILLED (interrupted) — never RUNNING.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -113,14 +114,16 @@ def train(
     if warned:
         extra_tags = {**(extra_tags or {}), Tag.WARNINGS: "; ".join(warned)}
     resumed = None
-    if run is not None:
-        from harness.run.resume import prepare
+    with contextlib.ExitStack() as held:
+        if run is not None:
+            from harness.run.resume import prepare, resume_lock
 
-        resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
-                          allow_failed=allow_failed)
-    device = run_device(cfg.train.accelerator)
-    return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
-                started, resumed)
+            held.enter_context(resume_lock(run.info.run_id))  # one resume of a run at a time
+            resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
+                              allow_failed=allow_failed)
+        device = run_device(cfg.train.accelerator)
+        return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
+                    started, resumed)
 
 
 def with_budget_steps(p: Plan) -> Plan:
