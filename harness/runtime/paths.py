@@ -135,3 +135,28 @@ def atomic_target(path: Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def new_folder(path: str | os.PathLike[str], flag: str) -> Path:
+    """``path`` as a folder a command will create: it must not exist (nothing is overwritten)
+    and its parent must be a folder this user can write in; a ConfigError naming ``flag``
+    otherwise. Cheap: commands call it before their heavy imports."""
+    from harness.errors import ConfigError, shorten
+
+    target = Path(path)
+    try:
+        exists = target.exists() or target.is_symlink()
+    except OSError as exc:  # a name too long, a loop of links
+        raise ConfigError(f"{flag} {shorten(str(target), 120)}: not a usable path "
+                          f"({exc.strerror or exc}).") from None
+    if exists:
+        raise ConfigError(f"{flag} {target} already exists; a new folder is written and none is "
+                          f"ever overwritten. Pick another path or remove it first.")
+    parent = target.parent
+    try:  # a real try, not os.access: root, read-only mounts and /proc answer it truly
+        probe = make_temp_folder(target, "probe")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {target}: a folder cannot be made in {parent} ({exc.strerror or exc}). "
+                          f"Pick a folder in a place you can write.") from None
+    remove_temp_folder(probe, target, "probe")
+    return target
