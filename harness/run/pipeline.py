@@ -136,6 +136,11 @@ def with_budget_steps(p: Plan) -> Plan:
         return p
     cost = probe(p, measure_uncounted=t.flops_count == "all")
     steps = resolve_steps(p, cost)
+    from harness.runtime.bounds import steps_problem
+
+    what = f"train.max_flops = {t.max_flops:.3g}" if t.max_flops is not None else f"train.max_tokens = {t.max_tokens}"
+    if (problem := steps_problem(steps, what)) is not None:
+        raise ConfigError(f"{problem}. Lower the budget.")
     train = t.model_copy(update={"max_steps": steps})
     return replace(p, config=p.config.model_copy(update={"train": train}), step_cost=cost)
 
