@@ -243,3 +243,51 @@ def test_a_folder_of_the_users_with_a_junk_manifest_is_still_left_alone(tmp_path
     with pytest.raises(ConfigError, match="left alone"):
         prepare([tmp_path / "a.jsonl"], out, progress=False)
     assert (out / "thesis.tex").read_text() == "mine"
+
+
+# -- damaged manifests: each names the file, the field and the command that fixes it ---------
+def _manifest(out):
+    return json.loads((out / MANIFEST).read_text())
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda m, out: m["splits"]["train"]["shards"][0].__setitem__("tokens", "junk"), "shards[0].tokens is 'junk'"),
+    (lambda m, out: (out / m["splits"]["train"]["shards"][0]["file"]).unlink(), "is missing"),
+    (lambda m, out: m.__setitem__("format_version", "1"), "format_version is '1'"),
+    (lambda m, out: m["tokenizer"].__setitem__("eod_id", 10**6), "tokenizer.eod_id is '1000000'"),
+    (lambda m, out: m["tokenizer"].__setitem__("eod_id", -1), "tokenizer.eod_id is '-1'"),
+    (lambda m, out: m["tokenizer"].__setitem__("vocab_size", 10), "holds token id"),
+    (lambda m, out: m.__setitem__("splits", None), "no split 'train'"),
+])
+def test_a_damaged_manifest_names_the_field_and_the_command_that_fixes_it(tmp_path, damage, said):
+    (tmp_path / "a.jsonl").write_text(docs(100))
+    out = tmp_path / "out"
+    prepare([tmp_path / "a.jsonl"], out, progress=False, command="harness data prepare a.jsonl --out out")
+    manifest = _manifest(out)
+    damage(manifest, out)
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError) as raised:
+        corpus = open_corpus(out)
+        corpus.split("train")
+    text = str(raised.value)
+    assert said in text and "harness data prepare a.jsonl --out out" in text, text
+    assert "invalid literal" not in text and "-1 bytes" not in text
+
+
+# -- the LRA readers --------------------------------------------------------------------------
+def test_lra_readers_refuse_empty_files_and_folders_naming_them(tmp_path):
+    from harness_plugins.tasks.lra import readers
+
+    (tmp_path / "test_batch.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="test_batch.bin is empty"):
+        readers.read_cifar(tmp_path / "test_batch.bin")
+    (tmp_path / "pairs.tsv").write_text("\n\n")
+    with pytest.raises(ConfigError, match="pairs.tsv holds no pair"):
+        readers.read_aan(tmp_path / "pairs.tsv")
+    (tmp_path / "aclImdb" / "train" / "neg").mkdir(parents=True)
+    (tmp_path / "aclImdb" / "train" / "pos").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="aclImdb/train/neg holds no review"):
+        readers.read_imdb(tmp_path / "aclImdb", "train")
+    os.mkfifo(tmp_path / "fifo.bin")
+    with pytest.raises(ConfigError, match="FIFO"):
+        readers.read_cifar(tmp_path / "fifo.bin")
