@@ -111,7 +111,7 @@ class PreparedCorpus:
         tok = self.manifest.get("tokenizer")
         if not isinstance(tok, dict):
             raise self.damaged("it has no 'tokenizer' object")
-        most = int(np.iinfo(self.dtype).max) + 1
+        most = 1 << (8 * np.dtype(self.dtype).itemsize)  # ids an unsigned token of this dtype holds
         self.vocab_size = self.number(tok.get("vocab_size"), "tokenizer.vocab_size", 1, most)
         self.eod_id = self.number(tok.get("eod_id", 4), "tokenizer.eod_id", 0, self.vocab_size - 1)
         self._splits: dict[str, Split] = {}
