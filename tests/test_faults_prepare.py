@@ -295,3 +295,29 @@ def test_lra_readers_refuse_empty_files_and_folders_naming_them(tmp_path):
     os.mkfifo(tmp_path / "fifo.bin")
     with pytest.raises(ConfigError, match="FIFO"):
         readers.read_cifar(tmp_path / "fifo.bin")
+
+
+def test_killing_prepare_leaves_no_pool_worker_behind_and_no_traceback(tmp_path):
+    import signal
+    import time
+
+    src = tmp_path / "a.jsonl"
+    src.write_text(docs(3000))
+    script = (f"import time\nfrom harness.data.prepare import prepare\n"
+              f"prepare([{str(src)!r}], {str(tmp_path / 'out')!r}, workers=2, progress=False, chunk_bytes=2000,"
+              f" on_chunk=lambda i: time.sleep(0.1))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.harness-partial-*/train-00000.bin")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+    assert len(workers) >= 2, "the pool's workers are running"
+    os.kill(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)  # ends once every process holding stderr is gone
+    time.sleep(0.5)
+    from pathlib import Path
+
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists() and
+             "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+    assert alive == [] and "BrokenPipeError" not in err and "Traceback" not in err, err

@@ -168,3 +168,18 @@ def test_export_refuses_a_taken_or_unwritable_out_before_importing_torch(tmp_pat
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout.strip() == "[]", done.stdout
     assert "--out" in one_paragraph(done.stderr)
+
+
+def test_generate_on_a_classifier_says_so_before_reading_the_prompt(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
+    parity = train({"task": {"name": "parity", "params": {"length": 4, "num_train": 16, "num_val": 4}},
+                    "model": {"name": "transformer", "params": {"d_model": 8, "layers": 1, "heads": 2}},
+                    "train": {"max_steps": 2, "batch_size": 8, "progress": False, "num_threads": 1},
+                    "plugins": [str(Path(__file__).resolve().parents[1] / "docs/examples/parity_task.py")],
+                    "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}"}})
+    capsys.readouterr()
+    assert main(["generate", parity.run_id, "--prompt", "words not in any vocabulary"]) == 2
+    line = one_paragraph(capsys.readouterr().err)
+    assert "generate needs a language-model or encoder-decoder run" in line and "vocabulary" not in line

@@ -131,13 +131,15 @@ def _cumulative(fractions: Sequence[float]) -> list[float]:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _init_worker(tokenizer_json: str) -> None:
+def _init_worker(tokenizer_json: str, parent: int) -> None:
     global _worker_tokenizer
     import signal
 
     from harness.runtime.children import die_with_parent
 
     die_with_parent(signal.SIGKILL)  # a killed prepare leaves no orphan printing BrokenPipeError
+    if os.getppid() != parent:  # it died while this worker started, before the line above
+        os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = tokenizer_from_json(tokenizer_json)
@@ -542,7 +544,7 @@ def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    pool = ctx.Pool(n, initializer=_init_worker, initargs=(tok.to_json(),))
+    pool = ctx.Pool(n, initializer=_init_worker, initargs=(tok.to_json(), os.getpid()))
     try:
         pending: deque[Any] = deque()
         for chunk in chunks:
