@@ -101,3 +101,15 @@ def test_a_run_config_below_the_bound_is_accepted():
     cfg = parse_run_config({"task": {"name": "copy"}, "model": {"name": "transformer"},
                             "train": {"max_flops": 1e21}})
     assert cfg.train.max_flops == 1e21
+
+
+def test_plugins_null_in_a_study_file_is_said(tmp_path):
+    import yaml
+
+    from harness.study.schema import load_study_config
+
+    data = read_yaml(ROOT / "studies/quickstart.yaml")
+    data["plugins"] = None
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="plugins is null"):
+        load_study_config(tmp_path / "s.yaml", profile="cpu")

@@ -488,6 +488,9 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
     data, chosen = profiles.apply(data, profile, str(path))
     data = apply_overrides(data, list(overrides or []))
+    if "plugins" in data and data["plugins"] is None:
+        raise ConfigError(f"{path}: plugins is null (an empty key); list the local plugin .py files "
+                          f"under it, or remove the key.")
     plugins = data.get("plugins") or []
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         base = Path(path).resolve().parent
