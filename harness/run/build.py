@@ -66,8 +66,10 @@ def task_info(p: Plan, task: Task) -> TaskInfo:
                         num_classes=task.num_classes)
     examples = task.examples("train", task.train_length)
     if not examples:
+        files = [f"{k}={shorten(v, 160)}" for k, v in p.task.as_dict()["params"].items() if isinstance(v, str) and v]
+        read = f" It read {', '.join(files)}: check that this holds the task's data." if files else ""
         raise ConfigError(f"task '{p.task.name}' has no training examples (at length "
-                          f"{task.train_length}). Check its params (task.params).")
+                          f"{task.train_length}).{read} Check its params (task.params).")
     max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
         format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes,
