@@ -123,7 +123,9 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def fuzz(session: nox.Session) -> None:
     """The property tests of bad input with thousands of examples (a few hundred run in `tests`),
-    and 200 accepted configurations trained a step each (8 in `tests`)."""
+    and 200 accepted configurations trained a step each (8 in `tests`); the third probe's
+    surfaces too (prepare's sources, exported folders, checkpoint folders, budgets:
+    tests/test_faults_properties.py)."""
     install(session)
-    session.run("pytest", "-q", "tests/test_bad_input.py", *session.posargs,
+    session.run("pytest", "-q", "tests/test_bad_input.py", "tests/test_faults_properties.py", *session.posargs,
                 env={**ENV, "HYPOTHESIS_PROFILE": "fuzz", "HARNESS_TRAIN_EXAMPLES": "200"})

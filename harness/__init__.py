@@ -121,13 +121,16 @@ def train(config: Any = None, *, verbose: bool | None = None, **kwargs: Any) -> 
         return _train(config, **kwargs)
 
 
-def load_model(ref: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+def load_model(ref: str | os.PathLike[str], *, trust_plugins: bool = False) -> tuple[Any, dict[str, Any]]:
     """The trained module (in eval mode) and its resolved config, from a run id (its final
     weights in the store, else its newest checkpoint) or a folder written by ``harness
-    export``; see :mod:`harness.run.trained`."""
+    export`` (or in the Hugging Face Hub layout, ``harness export --format hf``); see
+    :mod:`harness.run.trained`. A folder whose ``model.json`` names plugin files loads only with
+    ``trust_plugins=True`` (their code is imported and run). Every failure is a
+    :class:`harness.errors.HarnessError`."""
     from harness.run.hub import load_any
 
-    trained = load_any(os.fspath(ref))
+    trained = load_any(os.fspath(ref), trust_plugins=trust_plugins)
     return trained.model, trained.config
 
 

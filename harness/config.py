@@ -199,6 +199,17 @@ class TrainConfig(Strict):
                              "harness generate, harness export)")
     log_attention: bool = Field(True, description="log attention maps of a few val examples")
 
+    @field_validator("max_flops")
+    @classmethod
+    def _plausible_flops(cls, value: float | None) -> float | None:
+        """A FLOP budget a year on the fastest known device could not spend is refused
+        (:mod:`harness.runtime.bounds`)."""
+        from harness.runtime.bounds import flops_problem
+
+        if value is not None and (problem := flops_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _one_budget(self) -> TrainConfig:
         """max_flops and max_tokens exclude each other; either replaces max_steps with the

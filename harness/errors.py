@@ -45,6 +45,14 @@ def short_list(items: Any, limit: int = 12) -> str:
     return ", ".join(shorten(i) for i in items[:limit]) + (f" and {more:,} more" if more > 0 else "")
 
 
+def warning(text: str) -> None:
+    """The harness's own warning line on stderr (``warning: ...``), never a raw Python warning
+    with a source path."""
+    import sys
+
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 class HarnessError(Exception):
     """An error the user can fix; its message says what is wrong and how to fix it."""
 

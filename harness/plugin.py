@@ -122,6 +122,7 @@ from harness.params import Choice, FloatRange, IntRange, NoParams
 from harness.registry.hookspecs import hookimpl
 from harness.registry.specs import AttentionSpec, MixerSpec, ModelSpec, PositionSpec, TaskSpec
 from harness.runtime.cache import cache_dir
+from harness.runtime.files import read_bytes as read_user_file
 
 __all__ = [
     # shared numerics of the built-in mixers (modules): banded attention blocks, chunked linear
@@ -149,7 +150,7 @@ __all__ = [
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",
     # prepared corpora (harness data prepare) and the harness's cache folder
-    "open_corpus", "prepare_corpus", "window_starts", "cache_dir",
+    "open_corpus", "prepare_corpus", "window_starts", "cache_dir", "read_user_file",
     "greedy", "greedy_steps", "edit_distance",
     # tasks on labelled files (harness.data.labelled): config, splits, compact token storage
     "LabelledConfig", "SPLITS", "LazyExamples", "TokenColumn", "cached_read", "stream_splits", "train_texts",

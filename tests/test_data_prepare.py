@@ -201,10 +201,11 @@ def test_sigkill_during_prepare_leaves_no_folder_a_task_accepts_and_a_rerun_comp
                 on_chunk=lambda i: time.sleep(0.05))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])
-    partial = tmp_path / f".out.partial-{proc.pid}"
     deadline = time.monotonic() + 60
-    while not (partial / "train-00000.bin").exists() and time.monotonic() < deadline:
+    while not (found := list(tmp_path.glob(f".out.harness-partial-{proc.pid}-*/train-00000.bin"))) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
+    partial = found[0].parent
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -167,8 +167,13 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.config or overrides:
         from harness.config import load_run_config
 
-        cfg = load_run_config(args.config, overrides)
-        cfg.plugins.extend(os.path.abspath(p) for p in args.plugin)
+        base = None
+        if not args.config:  # flags alone: they change the recorded config (free fields pass)
+            from harness.run.resume import recorded_base
+
+            base = recorded_base(args.resume, args.tracking_uri)
+        cfg = load_run_config(args.config, overrides, base=base)
+        cfg.plugins.extend(os.path.abspath(p) for p in args.plugin if os.path.abspath(p) not in cfg.plugins)
         if args.tracking_uri:
             cfg.tracking.uri = args.tracking_uri
     from harness.run.checkpoint import stop_on_sigusr1
@@ -330,9 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except SystemExit as exc:
         if type(exc).__name__ == "Preempted":  # SIGUSR1: checkpointed (harness.run.checkpoint)
-            print(f"harness: SIGUSR1: checkpointed at step {getattr(exc, 'step', '?')} and stopped "
-                  f"(exit {exc.code}); `harness train --resume RUN_ID` or the same `harness study "
-                  f"run` command continues it.", file=sys.stderr)
+            run_id = getattr(exc, "run_id", "") or "RUN_ID"
+            print(f"harness: SIGUSR1: checkpointed run {run_id} at step {getattr(exc, 'step', '?')} "
+                  f"and stopped (exit {exc.code}); `harness train --resume {run_id}` or the same "
+                  f"`harness study run` command continues it.", file=sys.stderr)
             return int(exc.code or 75)
         # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which
         # would exit 0: report the termination the way a shell and a scheduler expect.

@@ -13,8 +13,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from harness.run import trained as t
 
     t.check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-    model = _load(t, args.run)
-    t.check_generates(model)  # before the prompt: a classifier cannot generate whatever it is
+    t.check_seed(args.seed)
+    model = _load(t, args.run, trust_plugins=args.trust_plugins)
+    t.check_generates(model)  # a classifier is refused before its prompt is read
     codec = codec_of(model)  # the run's own tokenizer: text in, text out
     prompt = codec.encode(args.prompt)
     if not prompt:
@@ -26,6 +27,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from harness.runtime.paths import new_folder
+
+    new_folder(args.out, "--out")  # before torch and Lightning are imported (a minute on some disks)
     from harness.run import trained as t
 
     if args.format == "hf":
@@ -42,10 +46,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(t: Any, ref: str) -> Any:
+def _load(t: Any, ref: str, trust_plugins: bool = False) -> Any:
     from harness.run.hub import load_any
 
-    return load_any(ref)
+    return load_any(ref, trust_plugins=trust_plugins)
 
 
 def add_parsers(sub: Any) -> None:
@@ -64,6 +68,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trust-plugins", action="store_true",
+                   help="load a folder whose model.json names plugin files (imports and runs their "
+                        "code: only for folders you trust)")
     p.set_defaults(handler=cmd_generate)
 
     p = sub.add_parser("export", help="write a run's weights (safetensors) and resolved config to a folder",

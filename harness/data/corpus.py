@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import ConfigError
+from harness.runtime.files import read_text
 
 FORMAT = "harness-corpus"
 FORMAT_VERSION = 1
@@ -44,6 +45,8 @@ SPLITS = ("train", "val", "test")
 #: What a file named in a manifest may be called: a plain name, no folder, not hidden.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+#: Token ids checked against the vocabulary at each end of a shard when a split is opened.
+CHECKED_IDS = 1 << 20
 
 
 def prepare_hint(path: str | Path) -> str:
@@ -103,12 +106,34 @@ class PreparedCorpus:
         self.manifest = read_manifest(self.root)
         dtype = self.manifest.get("dtype")
         if dtype not in DTYPES:
-            raise ConfigError(f"{self.root / MANIFEST}: dtype {dtype!r} is not one of {sorted(DTYPES)}.")
+            raise self.damaged(f"dtype {str(dtype)[:40]!r} is not one of {sorted(DTYPES)}")
         self.dtype = DTYPES[dtype]
-        tok = self.manifest.get("tokenizer") or {}
-        self.vocab_size = int(tok.get("vocab_size", 0))
-        self.eod_id = int(tok.get("eod_id", 4))
+        tok = self.manifest.get("tokenizer")
+        if not isinstance(tok, dict):
+            raise self.damaged("it has no 'tokenizer' object")
+        most = 1 << (8 * np.dtype(self.dtype).itemsize)  # ids an unsigned token of this dtype holds
+        self.vocab_size = self.number(tok.get("vocab_size"), "tokenizer.vocab_size", 1, most)
+        self.eod_id = self.number(tok.get("eod_id", 4), "tokenizer.eod_id", 0, self.vocab_size - 1)
         self._splits: dict[str, Split] = {}
+
+    def damaged(self, what: str) -> ConfigError:
+        """The error of a damaged manifest: the file, what is wrong, the command that fixes it."""
+        return ConfigError(f"{self.root / MANIFEST}: {what}; the folder is damaged. {again(self.root, self.manifest)}")
+
+    def _check_ids(self, shard: np.ndarray, path: Path) -> None:
+        """Token ids below the manifest's vocabulary size, checked on each shard's first and
+        last :data:`CHECKED_IDS` (an id past it would index past the model's embedding)."""
+        for part in (shard[:CHECKED_IDS], shard[-CHECKED_IDS:]):
+            top = int(part.max()) if len(part) else 0
+            if top >= self.vocab_size:
+                raise self.damaged(f"its shard {path.name} holds token id {top:,}, but "
+                                   f"tokenizer.vocab_size is {self.vocab_size:,}")
+
+    def number(self, value: Any, field: str, low: int, high: int) -> int:
+        """A whole number of the manifest in ``[low, high]`` (else :meth:`damaged` naming it)."""
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.damaged(f"{field} is {str(value)[:40]!r}, not a whole number from {low:,} to {high:,}")
+        return value
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -122,29 +147,36 @@ class PreparedCorpus:
         return self._splits[name]
 
     def _open_split(self, name: str) -> Split:
-        info = (self.manifest.get("splits") or {}).get(name)
+        splits = self.manifest.get("splits")
+        info = splits.get(name) if isinstance(splits, dict) else None
         if not isinstance(info, dict):
-            raise ConfigError(f"{self.root / MANIFEST} has no split {name!r}; prepare the corpus again.")
+            raise self.damaged(f"it has no split {name!r}")
         itemsize = np.dtype(self.dtype).itemsize
         shards: list[np.ndarray] = []
-        for entry in info.get("shards", []):
+        entries = info.get("shards", [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise self.damaged(f"splits.{name}.shards is not a list of shards")
+        for i, entry in enumerate(entries):
             path = safe_file(self.root, entry.get("file"))
-            count = int(entry.get("tokens", -1))
-            size = path.stat().st_size if path.is_file() else -1
+            count = self.number(entry.get("tokens"), f"splits.{name}.shards[{i}].tokens", 0, 2**62)
+            if not path.is_file():
+                raise self.damaged(f"its shard {path.name} is missing (or not a file)")
+            size = path.stat().st_size
             if size != count * itemsize:
-                raise ConfigError(f"{path} holds {size} bytes, but the manifest says {count} tokens "
-                                  f"of {itemsize} bytes: the folder is damaged. Prepare it again.")
+                raise self.damaged(f"its shard {path.name} holds {size:,} bytes, but the manifest says "
+                                   f"{count:,} tokens of {itemsize} bytes (truncated or replaced)")
             if count:
-                shards.append(np.memmap(path, dtype=self.dtype, mode="r", shape=(count,)))
+                shard = np.memmap(path, dtype=self.dtype, mode="r", shape=(count,))
+                self._check_ids(shard, path)
+                shards.append(shard)
         tokens = sum(len(s) for s in shards)
-        if tokens != int(info.get("tokens", -1)):
-            raise ConfigError(f"{self.root / MANIFEST}: split {name} counts {info.get('tokens')} "
-                              f"tokens but its shards hold {tokens}. Prepare it again.")
+        if tokens != self.number(info.get("tokens"), f"splits.{name}.tokens", 0, 2**62):
+            raise self.damaged(f"split {name} counts {info.get('tokens')} tokens but its shards hold {tokens}")
         docs_path = safe_file(self.root, info.get("offsets"))
-        documents = int(info.get("documents", 0))
+        documents = self.number(info.get("documents", 0), f"splits.{name}.documents", 0, 2**62)
         if not docs_path.is_file() or docs_path.stat().st_size != 8 * documents:
-            raise ConfigError(f"{docs_path} does not hold the {documents} document offsets the "
-                              f"manifest counts. Prepare the corpus again.")
+            raise self.damaged(f"{docs_path.name} does not hold the {documents:,} document offsets "
+                               f"the manifest counts")
         starts = np.memmap(docs_path, dtype=np.uint64, mode="r", shape=(documents,)) if documents \
             else np.zeros(0, dtype=np.uint64)
         return Split(name, shards, documents, tokens, int(info.get("bytes", 0)), starts)
@@ -168,18 +200,28 @@ def read_manifest(root: Path) -> dict[str, Any]:
         what = "does not exist" if not root.exists() else "is not a prepared corpus (no manifest.json)"
         raise ConfigError(f"{root} {what}. Prepare it first: {prepare_hint(root)}")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        manifest = json.loads(read_text(path, "the corpus manifest"))
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path} is not JSON ({exc}); prepare the corpus again: {prepare_hint(root)}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ConfigError(f"{path} is not a harness corpus manifest. Prepare it: {prepare_hint(root)}")
     version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ConfigError(f"{path}: format_version is {str(version)[:40]!r}, not a version number; the "
+                          f"manifest is damaged. {again(root, manifest)}")
     if version != FORMAT_VERSION:
         raise ConfigError(
             f"{root} was prepared in corpus format version {version}, and this harness reads "
-            f"version {FORMAT_VERSION}. Prepare it again with this version: "
-            f"{manifest.get('command') or prepare_hint(root)}")
+            f"version {FORMAT_VERSION}. {again(root, manifest)}")
     return manifest
+
+
+def again(root: Path, manifest: dict[str, Any]) -> str:
+    """How to prepare a folder again: its own recorded command (prepare notices a damaged or
+    older folder and writes it anew), else the general form."""
+    command = manifest.get("command") if isinstance(manifest.get("command"), str) else None
+    return (f"Prepare it again with the command that made it: {command[:400]}" if command
+            else f"Prepare it again: {prepare_hint(root)}")
 
 
 def open_corpus(path: str | Path) -> PreparedCorpus:

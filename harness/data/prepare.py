@@ -16,12 +16,18 @@ writes the folder.
   order. Memory depends on the chunk size and the worker count, not on the corpus. By
   default ``bpe`` and tokenizer files use every usable core, ``bytes`` and ``chars`` one
   process (they encode faster than a chunk is shipped to a worker and back).
-* **Atomic**: everything is written into ``.<name>.partial-<pid>`` beside the output folder,
-  ``manifest.json`` last, then renamed to the output. An interrupted run (Ctrl-C, SIGKILL)
-  leaves at most a partial folder, which no task accepts (its name differs and it has no
-  manifest) and which the next run removes.
+* **Atomic**: everything is written into a temporary folder of its own beside the output
+  (:mod:`harness.runtime.paths`: ``.<name>.harness-partial-<pid>-<random>``, marked as the
+  harness's), ``manifest.json`` last, then renamed to the output. An interrupted run (Ctrl-C,
+  SIGKILL) leaves at most that folder, which no task accepts (its name differs and it has no
+  manifest) and which the next run removes once its process is gone. A folder the harness did
+  not make (``.out.partial-notes``) is never touched.
 * **Reuse**: a re-run whose sources (paths, sizes, sha256) and options match the existing
-  manifest returns it without tokenising.
+  manifest returns it without tokenising, if the folder is whole (every shard, offsets file
+  and the tokenizer as the manifest says); a damaged folder is prepared again.
+* **Refused**: split fractions that are not finite, or leave the train split without a
+  document; a corpus with no text (every document empty); ``--workers`` beyond
+  :data:`MAX_WORKERS_PER_CORE` per core; an ``--out`` that cannot be written.
 * **Progress** on stderr: bytes of text read, MB/s and ETA (against the sources' total size
   on disk; without an ETA when a source is compressed).
 """
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -47,6 +55,11 @@ from harness.data.corpus import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, TOKENI
 from harness.data.readers import COMPRESSED, ReadStats, file_digest, iter_records, resolve_sources
 from harness.data.tokenizers import Tokenizer, build_tokenizer, parse_spec, tokenizer_from_json
 from harness.errors import ConfigError
+from harness.runtime import paths
+
+#: ``--workers`` at most this many per usable core (each is a process with the tokenizer).
+MAX_WORKERS_PER_CORE = 4
+PARTIAL = "partial"
 
 DEFAULT_FRACTIONS = (0.9, 0.05, 0.05)
 #: Tokens per shard file (1 GiB at uint32, 512 MiB at uint16).
@@ -79,6 +92,10 @@ class Prepared:
             files = [f"{src['path']} ({src['replaced_bytes']})" for src in m["sources"] if src["replaced_bytes"]]
             lines.append(f"  {replaced} bytes that are not UTF-8 were replaced by U+FFFD: {', '.join(files[:5])}"
                          + (" ..." if len(files) > 5 else ""))
+        asked = parse_spec(m["tokenizer"].get("spec", ""))[1] if str(m["tokenizer"].get("spec", "")).startswith("bpe:") else None
+        if asked is not None and m["tokenizer"]["vocab_size"] < asked:
+            lines.append(f"  asked for bpe:{asked}; the train text supports only {m['tokenizer']['vocab_size']} "
+                         f"ids (no pair of tokens left to merge): prepare more text or ask for fewer")
         if m.get("empty_documents"):
             lines.append(f"  {m['empty_documents']} empty documents skipped")
         if not self.reused and self.seconds:
@@ -89,8 +106,8 @@ class Prepared:
 
 def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     values = tuple(float(f) for f in fractions)
-    if len(values) != 3 or any(f < 0 for f in values) or abs(sum(values) - 1.0) > 1e-6 \
-            or values[0] <= 0 or values[1] <= 0:
+    if len(values) != 3 or not all(math.isfinite(f) and f >= 0 for f in values) \
+            or abs(sum(values) - 1.0) > 1e-6 or not values[0] > 0 or not values[1] > 0:
         raise ConfigError(f"split fractions {list(fractions)} must be three numbers train,val,test "
                           f"that sum to 1, train and val above 0, e.g. 0.9,0.05,0.05.")
     return values  # type: ignore[return-value]
@@ -114,8 +131,16 @@ def _cumulative(fractions: Sequence[float]) -> list[float]:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _init_worker(tokenizer_json: str) -> None:
+def _init_worker(tokenizer_json: str, parent: int) -> None:
     global _worker_tokenizer
+    import signal
+
+    from harness.runtime.children import die_with_parent
+
+    die_with_parent(signal.SIGKILL)  # a killed prepare leaves no orphan printing BrokenPipeError
+    if os.getppid() != parent:  # it died while this worker started, before the line above
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = tokenizer_from_json(tokenizer_json)
 
@@ -257,22 +282,10 @@ def _chunks(texts: Iterable[str], chunk_bytes: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_partials(out: Path) -> None:
-    """Remove partial folders of ``out`` left by runs that died (SIGKILL, power loss)."""
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if p.is_dir() and (not pid.isdigit() or not _pid_alive(int(pid))):
-            shutil.rmtree(p, ignore_errors=True)
+    """Remove the partial folders of ``out`` that runs which died left (SIGKILL, power loss):
+    only folders the harness made (:mod:`harness.runtime.paths`)."""
+    paths.remove_stale(out, PARTIAL)
 
 
 def _existing(out: Path) -> dict[str, Any] | None:
@@ -288,12 +301,23 @@ def _existing(out: Path) -> dict[str, Any] | None:
             data = json.loads(manifest.read_text(encoding="utf-8"))
             if isinstance(data, dict) and data.get("format") == FORMAT:
                 return data
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             pass
+    if _written_by_prepare(out):
+        return {}  # a prepared folder whose manifest is damaged: prepared again
     if any(out.iterdir()):
         raise ConfigError(f"--out {out} is a folder that holds files but is not a prepared corpus; "
                           f"it is left alone. Name a new folder (prepare creates it).")
     return None
+
+
+_OUTPUT_FILE = re.compile(rf"^({'|'.join(SPLITS)})(-\d{{5}}\.bin|\.docs\.bin)$")
+
+
+def _written_by_prepare(out: Path) -> bool:
+    """Whether ``out`` holds a manifest and only files prepare writes (a damaged corpus)."""
+    names = {p.name for p in out.iterdir()}
+    return MANIFEST in names and all(n in (MANIFEST, TOKENIZER_FILE) or _OUTPUT_FILE.match(n) for n in names)
 
 
 def _options(tokenizer: str, field: str, fractions: Sequence[float], shard_tokens: int,
@@ -335,31 +359,67 @@ def prepare(sources: Sequence[str | Path], out: str | Path, *, tokenizer: str = 
     if shard_tokens < 1:
         raise ConfigError(f"shard_tokens must be at least 1, got {shard_tokens}.")
     out = Path(out).expanduser()
+    check_workers(workers)
     files = resolve_sources(sources)
     options = _options(tokenizer, field, fractions, shard_tokens, tokenizer_train_bytes)
     digests = [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_digest(p)} for p in files]
     old = _existing(out)
-    if _same(old, options, digests):
+    if _same(old, options, digests) and whole(out):
         assert old is not None
         return Prepared(out, old, reused=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(out)
     remove_stale_partials(out)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
-        manifest = _write(files, tmp, options, digests, tokenizer, field, cumulative, workers,
-                          progress, chunk_bytes, on_chunk)
-        manifest["command"] = command or _command(sources, out, tokenizer, field, fractions)
-        manifest["created"] = datetime.now(UTC).isoformat(timespec="seconds")
-        _write_manifest(tmp, manifest)
-        _publish(tmp, out, options, digests)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with paths.temp_folder(out, PARTIAL) as tmp:
+            manifest = _write(files, tmp, options, digests, tokenizer, field, cumulative, workers,
+                              progress, chunk_bytes, on_chunk)
+            manifest["command"] = command or _command(sources, out, tokenizer, field, fractions)
+            manifest["created"] = datetime.now(UTC).isoformat(timespec="seconds")
+            _write_manifest(tmp, manifest)
+            _publish(tmp, out, options, digests)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot be written ({exc.strerror or exc}). Name a folder in "
+                          f"a place you can write.") from None
     final = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     return Prepared(out, final, reused=False, seconds=time.perf_counter() - started)
+
+
+def check_workers(workers: int | None) -> None:
+    """``--workers`` from 1 to :data:`MAX_WORKERS_PER_CORE` per usable core."""
+    from harness.runtime.threads import usable_cores
+
+    most = MAX_WORKERS_PER_CORE * usable_cores()
+    if workers is not None and not 1 <= workers <= most:
+        raise ConfigError(f"--workers must be from 1 to {most} ({MAX_WORKERS_PER_CORE} per usable "
+                          f"core of this machine), got {workers:,}. Leave it unset to use every core.")
+
+
+def _make_parent(out: Path) -> None:
+    """``out``'s parent folder, made if missing; refused when ``out`` cannot be written there."""
+    if out.is_symlink():
+        raise ConfigError(f"--out {out} is a symbolic link (to {os.readlink(out)}); name a new folder.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: its folder {out.parent} cannot be made ({exc.strerror or exc}). "
+                          f"Name a folder in a place you can write.") from None
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {out.parent} is not a folder this user can write in. Name "
+                          f"a folder in a place you can write.")
+
+
+def whole(out: Path) -> bool:
+    """Whether a prepared folder holds every file its manifest names, at the sizes it says."""
+    from harness.data.corpus import open_corpus
+
+    try:
+        corpus = open_corpus(out)
+        for name in SPLITS:
+            corpus.split(name)
+        corpus.tokenizer  # noqa: B018 - loads the tokenizer file
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _command(sources: Sequence[str | Path], out: Path, tokenizer: str, field: str,
@@ -391,12 +451,13 @@ def _publish(tmp: Path, out: Path, options: dict[str, Any], digests: list[dict[s
     """Rename the finished partial folder to ``out`` (replacing an older prepared one). When
     another process published the same corpus meanwhile (two study workers preparing on
     first use), its folder is kept and this one dropped."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if _same(_existing(out), options, digests):
+    old = paths.temp_name(out, "old")
+    if _same(_existing(out), options, digests) and whole(out):
         shutil.rmtree(tmp)
         return
     if out.exists():
         os.rename(out, old)
+    (tmp / paths.MARK).unlink(missing_ok=True)  # published: no longer a temporary folder
     try:
         os.rename(tmp, out)
     except OSError:
@@ -436,6 +497,7 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
             on_chunk(index)
     bar.finish()
     splits = {w.name: w.close() for w in writers}
+    _check_splits(splits, empty, files)
     sources = [{**d, "records": stats.records.get(str(p), 0), "replaced_bytes": stats.replaced.get(str(p), 0)}
                for d, p in zip(digests, files, strict=True)]
     return {
@@ -448,6 +510,22 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
     }
 
 
+def _check_splits(splits: dict[str, Any], empty: int, files: list[Path]) -> None:
+    """A corpus without text, or without a train or val document, is refused (not written)."""
+    if not any(s["tokens"] for s in splits.values()):
+        raise ConfigError(
+            f"the sources hold no text: {empty:,} documents, every one empty or null "
+            f"({', '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}). Check --field "
+            f"(the field that holds the text) and the files.")
+    for name in ("train",):  # a val split may be empty (a tiny corpus); training reads train
+        if not splits[name]["documents"]:
+            docs = sum(s["documents"] for s in splits.values())
+            raise ConfigError(
+                f"the {name} split got no document ({docs:,} documents in all): the corpus has too "
+                f"few documents for these --split-fractions. Give the {name} split a larger "
+                f"fraction or prepare more documents.")
+
+
 def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence[float], dtype: str,
                workers: int | None) -> Iterator[Chunk]:
     """Tokenised chunks in order: in-process with one worker, else a pool of processes with
@@ -458,8 +536,7 @@ def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence
     # benchmarks/data.md): one process unless asked; the others use every usable core
     cheap = tok.name in ("bytes", "chars")
     n = workers if workers is not None else 1 if cheap else usable_cores()
-    if n < 1:
-        raise ConfigError(f"--workers must be at least 1, got {n}.")
+    check_workers(n)
     if n == 1:
         for chunk in chunks:
             yield tokenize_chunk(chunk, cumulative, dtype, tok)
@@ -467,7 +544,7 @@ def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    pool = ctx.Pool(n, initializer=_init_worker, initargs=(tok.to_json(),))
+    pool = ctx.Pool(n, initializer=_init_worker, initargs=(tok.to_json(), os.getpid()))
     try:
         pending: deque[Any] = deque()
         for chunk in chunks:

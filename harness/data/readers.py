@@ -43,16 +43,20 @@ import hashlib
 import io
 import json
 import lzma
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from harness.errors import ConfigError
+from harness.runtime import files as user_files
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv")
 BINARY_SUFFIXES = (".parquet", ".arrow")
-COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+#: Each compressed suffix's reader of an open binary file.
+COMPRESSED: dict[str, Any] = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
+                              ".bz2": lambda f: bz2.BZ2File(f, "rb"), ".xz": lambda f: lzma.LZMAFile(f, "rb")}  # noqa: SIM115
 #: Files ``datasets.save_to_disk`` writes beside its ``.arrow`` files (metadata, not data).
 DATASETS_METADATA = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
 #: The one field of a ``.txt`` record.
@@ -109,30 +113,37 @@ def format_of(path: Path) -> str | None:
 
 
 def _datasets_folder(folder: Path) -> list[Path] | None:
-    """The ``.arrow`` files of a folder written by ``datasets.save_to_disk``, else None."""
+    """The ``.arrow`` files of a folder written by ``datasets.save_to_disk``, else None (each
+    named file must lie inside the folder: :func:`harness.runtime.files.inside`)."""
     state = folder / "state.json"
     if state.is_file():
         try:
-            files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{state} is not a datasets state file ({exc}); the folder looks "
-                              f"like one written by datasets.save_to_disk but is damaged.") from None
-        paths = [folder / name for name in files]
-        for p in paths:
-            if Path(name := p.name).name != name or not p.is_file():
-                raise ConfigError(f"{state} names the data file {name!r}, which is not in {folder}.")
+            files = [str(f["filename"]) for f in json.loads(user_files.read_text(state))["_data_files"]]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ConfigError(f"{state} is not a datasets state file ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); the folder looks like one written by "
+                              f"datasets.save_to_disk but is damaged.") from None
+        paths = []
+        for name in files:
+            path = user_files.inside(folder, name, f"the data file named in {state}")
+            if Path(name).name != name or not path.is_file():
+                raise ConfigError(f"{state} names the data file {name!r}, which is not a file in "
+                                  f"{folder}.")
+            paths.append(path)
         return paths
     dict_file = folder / "dataset_dict.json"
     if dict_file.is_file():
         try:
-            splits = [str(s) for s in json.loads(dict_file.read_text())["splits"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{dict_file} is not a datasets dictionary file ({exc}).") from None
+            splits = [str(s) for s in json.loads(user_files.read_text(dict_file))["splits"]]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ConfigError(f"{dict_file} is not a datasets dictionary file ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}).") from None
         out: list[Path] = []
         for split in splits:
             sub = folder / split
-            if Path(split).name != split or not sub.is_dir():
+            if Path(split).name != split or split in (".", "..") or not sub.is_dir():
                 raise ConfigError(f"{dict_file} names the split {split!r}, which is not a folder in {folder}.")
+            user_files.inside(folder, split, f"the split named in {dict_file}")
             out += _datasets_folder(sub) or []
         return out
     return None
@@ -143,18 +154,27 @@ def _prepared(folder: Path) -> bool:
     return manifest.is_file() and b'"harness-corpus"' in manifest.read_bytes()[:200]
 
 
-def _folder_files(folder: Path) -> list[Path]:
+def _folder_files(folder: Path, walk: user_files.Walk | None = None, top: Path | None = None) -> list[Path]:
+    """The data files under ``folder``: each real folder visited once (a link loop is not
+    followed again), links kept inside the source folder ``top``, only regular files."""
+    walk = walk or user_files.Walk()
+    top = top or folder
+    if not walk.first_visit(folder):
+        return []
     found = _datasets_folder(folder)
     if found is not None:
         return found
     out: list[Path] = []
-    for p in sorted(folder.iterdir()):
+    for p in user_files.listing(folder):
         if p.name.startswith("."):
             continue
+        if p.is_symlink():
+            user_files.inside(top, p.relative_to(top), "the linked source")
         if p.is_dir():
             if not _prepared(p):  # a prepared corpus written inside its own sources
-                out += _folder_files(p)
+                out += _folder_files(p, walk, top)
         elif format_of(p) is not None and p.name not in DATASETS_METADATA:
+            user_files.check_regular(p, "the source")
             out.append(p)
     return out
 
@@ -173,7 +193,8 @@ def resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
                     f"{', '.join(TEXT_SUFFIXES + BINARY_SUFFIXES)}, optionally compressed "
                     f"{', '.join(COMPRESSED)}, or a folder written by datasets.save_to_disk). "
                     f"Point at a folder with data files in it.")
-        elif path.is_file():
+        elif path.is_file() or path.is_symlink() or (path.exists() and not glob.has_magic(text)):
+            user_files.check_regular(path, "the source")
             if format_of(path) is None:
                 raise ConfigError(
                     f"{path} has an unsupported suffix; supported: "
@@ -182,12 +203,17 @@ def resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
             files = [path]
         elif glob.has_magic(text):
             matched = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            files = [p for p in matched if p.is_file() and format_of(p) is not None]
+            files = [p for p in matched if not p.is_dir() and format_of(p) is not None]
+            for p in files:
+                user_files.check_regular(p, "the source")
+            walk = user_files.Walk()
             for d in (p for p in matched if p.is_dir()):
-                files += _folder_files(d)
+                files += _folder_files(d, walk)
             if not files:
-                raise ConfigError(f"the pattern {text!r} matched no readable file. Check the "
-                                  f"pattern (quote it so the shell does not expand it).")
+                raise ConfigError(
+                    f"the pattern {text!r} matched no readable file (supported: "
+                    f"{', '.join(TEXT_SUFFIXES + BINARY_SUFFIXES)}, optionally compressed "
+                    f"{', '.join(COMPRESSED)}). Check the pattern and the files' suffixes.")
         else:
             raise ConfigError(f"the source {text!r} does not exist (no such file or folder, and "
                               f"not a glob pattern). Check the path.")
@@ -202,7 +228,7 @@ def resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
 def file_digest(path: str | Path) -> str:
     """The sha256 of a file's bytes, as hex."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with user_files.open_regular(Path(path)) as f:
         while chunk := f.read(DIGEST_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -210,8 +236,9 @@ def file_digest(path: str | Path) -> str:
 
 def _open_text(path: Path) -> IO[str]:
     suffix = path.suffix.lower()
-    opener: Any = COMPRESSED.get(suffix, open)
-    raw: IO[bytes] = opener(path, "rb")  # closed with the wrapper the caller closes
+    raw: IO[bytes] = user_files.open_regular(path, "the source")  # closed with the wrapper
+    if suffix in COMPRESSED:
+        raw = COMPRESSED[suffix](raw)
     return io.TextIOWrapper(raw, encoding="utf-8", errors=ERRORS, newline="" if format_of(path) == ".csv" else None)
 
 
@@ -257,6 +284,9 @@ def _jsonl(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, s
                 raise ConfigError(f"{path}, line {number}: not JSON ({exc.msg} at column {exc.colno}). "
                                   f"Each line of a .jsonl file must be one JSON object; fix or "
                                   f"remove the line.") from None
+            except (ValueError, RecursionError) as exc:
+                raise ConfigError(f"{path}, line {number}: {user_files.read_problem(exc) or exc}. "
+                                  f"Fix or remove the line.") from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}, line {number}: a JSON {type(row).__name__}, not an "
                                   f"object; each line of a .jsonl file must be one JSON object.")
@@ -270,6 +300,10 @@ def _json(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, st
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}, line {exc.lineno}: not JSON ({exc.msg}). A .json source "
                               f"must be a list of objects.") from None
+        except (ValueError, RecursionError) as exc:
+            if (problem := user_files.read_problem(exc)) is None:
+                raise
+            raise ConfigError(f"{path}: {problem}. A .json source must be a list of objects.") from None
     if not isinstance(data, list):
         raise ConfigError(f"{path}: a .json source must be a list of objects, not a JSON "
                           f"{type(data).__name__}. (One object per line? Name it .jsonl.)")
@@ -302,6 +336,7 @@ def _table_batches(path: Path, fields: Sequence[str]) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    user_files.check_regular(path, "the source")
     try:
         if path.suffix.lower() == ".parquet":
             pf = pq.ParquetFile(path)
@@ -364,10 +399,18 @@ def iter_records(sources: Iterable[str | Path], fields: Sequence[str],
         assert kind is not None
         name = str(path)
         _Replacements.count = 0
-        count = 0
-        for line, values in READERS[kind](path, fields):
-            count += 1
-            yield Record(values, name, line)
+        count = line = 0
+        try:
+            for line, values in READERS[kind](path, fields):
+                count += 1
+                yield Record(values, name, line)
+        except (OSError, EOFError, ValueError, RecursionError, lzma.LZMAError, zlib.error) as exc:
+            problem = user_files.read_problem(exc)
+            if problem is None or isinstance(exc, ConfigError):
+                raise
+            where = f", after line {line}" if line else ""
+            raise ConfigError(f"file {path}{where}: {problem}. Fix or replace the file, or remove "
+                              f"it from the sources.") from None
         if stats is not None:
             stats.records[name] = count
             stats.replaced[name] = _Replacements.count

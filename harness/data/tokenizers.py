@@ -44,6 +44,9 @@ RESERVED = (*SPECIALS, EOD)
 EOD_ID = len(SPECIALS)
 #: The smallest ``bpe:VOCAB``: the 256 byte symbols, the specials and a few merges.
 MIN_BPE_VOCAB = 300
+#: The largest ``bpe:VOCAB`` (2^20 ids: four times the largest vocabularies in use; the
+#: trainer allocates for the size asked, and past this it aborts the process).
+MAX_BPE_VOCAB = 1 << 20
 #: The format tag of the harness's own tokenizer files (``bytes``, ``chars``).
 FORMAT_KEY = "harness_tokenizer"
 
@@ -228,7 +231,8 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> HFTokenizer:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    return HFTokenizer(tok, f"bpe:{vocab_size}")
+    # named by the ids it learned: a small corpus supports fewer merges than asked for
+    return HFTokenizer(tok, f"bpe:{tok.get_vocab_size(with_added_tokens=True)}")
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -240,9 +244,10 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
             vocab = int(spec[4:])
         except ValueError:
             vocab = -1
-        if vocab < MIN_BPE_VOCAB:
-            raise ConfigError(f"tokenizer {spec!r}: bpe:VOCAB needs an integer VOCAB >= "
-                              f"{MIN_BPE_VOCAB} (256 byte symbols, specials, merges), e.g. bpe:8192.")
+        if not MIN_BPE_VOCAB <= vocab <= MAX_BPE_VOCAB:
+            raise ConfigError(f"tokenizer {spec[:40]!r}: bpe:VOCAB needs an integer VOCAB from "
+                              f"{MIN_BPE_VOCAB} (256 byte symbols, specials, merges) to "
+                              f"{MAX_BPE_VOCAB:,} (2^20), e.g. bpe:8192.")
         return "bpe", vocab
     if Path(spec).expanduser().is_file():
         return "file", None
@@ -304,9 +309,8 @@ def _is_ours(tok: Any) -> bool:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer saved at ``path`` (a ConfigError if it does not load)."""
+    from harness.runtime.files import read_text
+
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"tokenizer file {p} cannot be read ({exc}).") from None
+    text = read_text(p, "tokenizer file")
     return tokenizer_from_json(text, p.name)

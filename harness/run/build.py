@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.data.tasks import Task, TaskInfo
-from harness.errors import ConfigError, HarnessError, PluginError, shorten
+from harness.errors import ConfigError, HarnessError, OutOfMemory, PluginError, shorten
 from harness.run.plan import Component, ModelParts, Plan
 from harness.runtime.threads import worker_threads
 
@@ -69,8 +69,10 @@ def task_info(p: Plan, task: Task) -> TaskInfo:
                         num_classes=task.num_classes, document_token=task.document_token)
     examples = task.examples("train", task.train_length)
     if not examples:
+        files = [f"{k}={shorten(v, 160)}" for k, v in p.task.as_dict()["params"].items() if isinstance(v, str) and v]
+        read = f" It read {', '.join(files)}: check that this holds the task's data." if files else ""
         raise ConfigError(f"task '{p.task.name}' has no training examples (at length "
-                          f"{task.train_length}). Check its params (task.params).")
+                          f"{task.train_length}).{read} Check its params (task.params).")
     max_len = max(p.fmt.input_length(e, task.task_kind) for e in examples)
     return TaskInfo(
         format=str(p.fmt), vocab_size=task.vocab.size, max_length=max_len, num_classes=task.num_classes,
@@ -131,6 +133,17 @@ def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
         return model.spec.build(model.params, **kwargs)
     except (ValueError, TypeError) as exc:
         raise _user_error(f"model '{model.name}' (with its {', '.join(parts.components())})", exc) from None
+    except (RuntimeError, MemoryError) as exc:  # wherever a model is built: a run, a probe, a load
+        from harness.run import failure
+
+        if not failure.is_out_of_memory(exc):
+            raise
+        sizes = ", ".join(f"{k}={v}" for k, v in model.as_dict()["params"].items()
+                          if isinstance(v, int | float) and not isinstance(v, bool))
+        raise OutOfMemory(
+            f"model '{model.name}' cannot be allocated with its params ({shorten(sizes, 300)}): "
+            f"{shorten(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, 200)}. "
+            f"Nothing was trained or recorded. Lower the model's size.") from None
 
 
 def count_parameters(model: Any) -> int:

@@ -23,7 +23,11 @@ run with :class:`Preempted`.
 **Atomic, checked, bounded.** A checkpoint is written to a temporary file, flushed to disk
 and renamed into place, then its SHA-256 is written next to it the same way; a file without
 a matching sidecar is corrupt or truncated, and :func:`latest` falls back to the previous
-one with a warning naming both. The newest ``train.checkpoint_keep`` are kept (and
+one with a warning naming both (the harness's own ``warning:`` line). :func:`latest` is the
+checkpoint chooser: a step file that is not a regular file (a folder, a link to
+``/dev/zero``), whose sidecar is not one, or whose content is not a checkpoint this harness
+wrote (a pickle ``weights_only`` refuses, another program's ``torch.save`` dict) is skipped
+the same way; nothing about the run changes while it chooses. The newest ``train.checkpoint_keep`` are kept (and
 ``best.ckpt``); the folder's size is logged as ``cost/checkpoint_disk_mb`` after each save.
 
 **The data order's protocol.** A training loader that can resume has ``state_dict()`` (its
@@ -43,15 +47,15 @@ import os
 import re
 import signal
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, warning
 from harness.keys import Metric
+from harness.runtime import paths
 from harness.store import tracking
 
 #: ``train.checkpoint_every`` left unset on a device other than the CPU.
@@ -68,9 +72,9 @@ class Preempted(SystemExit):
     warning before a time limit or a preemption). A ``SystemExit`` so that Lightning tears
     down and re-raises it as it is; the run ends KILLED, tagged ``harness.preempted``."""
 
-    def __init__(self, step: int = 0) -> None:
+    def __init__(self, step: int = 0, run_id: str = "") -> None:
         super().__init__(PREEMPTED_EXIT)
-        self.step = step
+        self.step, self.run_id = step, run_id
 
 
 # -- where ------------------------------------------------------------------------------
@@ -110,12 +114,7 @@ def _sidecar(path: Path) -> Path:
 
 
 def _write_atomic(path: Path, data: bytes | memoryview) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    paths.write_atomic(path, data)  # a temporary file unique to this process and call
 
 
 def write(path: Path, payload: dict[str, Any]) -> int:
@@ -138,16 +137,42 @@ def write(path: Path, payload: dict[str, Any]) -> int:
     return len(data)
 
 
+#: A sidecar is one line (64 hex digits, two spaces, the file's name): anything larger is not one.
+SIDECAR_MAX_BYTES = 4096
+
+
+def _regular(path: Path) -> str | None:
+    """None when ``path`` is a regular file, else what it is (a folder, a device, missing)."""
+    import stat
+
+    from harness.runtime.files import kind_of
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    return None if stat.S_ISREG(st.st_mode) else f"it is {kind_of(st.st_mode)}, not a file"
+
+
 def verify(path: Path) -> str | None:
-    """None when ``path`` matches its sidecar's SHA-256, else what is wrong."""
+    """None when ``path`` is a regular file that matches its sidecar's SHA-256, else what is
+    wrong (never reads a FIFO or a device)."""
+    if (problem := _regular(path)) is not None:
+        return problem
     side = _sidecar(path)
-    if not side.is_file():
+    if not side.exists() and not side.is_symlink():
         return "its .sha256 sidecar is missing (the write did not finish)"
-    expected = side.read_text().split()[0] if side.read_text().strip() else ""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
+    if (problem := _regular(side)) is not None or side.stat().st_size > SIDECAR_MAX_BYTES:
+        return f"its .sha256 sidecar is not a checksum file ({problem or 'too large'})"
+    try:
+        text = side.read_text(errors="replace")
+        expected = text.split()[0] if text.strip() else ""
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
     if digest.hexdigest() != expected:
         return "its SHA-256 does not match its sidecar (corrupt or truncated)"
     return None
@@ -160,36 +185,73 @@ def read(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=map_location, weights_only=True)  # type: ignore[no-any-return]
 
 
-def latest(root: Path) -> Path | None:
-    """The newest step checkpoint that passes :func:`verify`; each newer one that fails is
-    named in a warning with the one used instead."""
+def foreign(path: Path) -> str | None:
+    """None when ``path`` (already verified) loads with ``weights_only`` and holds what this
+    harness writes (Lightning's state and the harness's own), else what it is instead."""
+    try:
+        state = read(path)
+    except Exception as exc:  # pickle's and torch's many errors: a file of another program
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"it is not a checkpoint this harness wrote (torch refuses to load it safely: {first[:160]})"
+    if not isinstance(state, dict) or not isinstance(state.get("harness"), dict) \
+            or not isinstance(state.get("state_dict"), dict):
+        return "it is not a checkpoint this harness wrote (no harness state and model weights in it)"
+    return None
+
+
+def problem_with(path: Path) -> str | None:
+    """None when ``path`` is a checkpoint a run can resume from, else what is wrong."""
+    return verify(path) or foreign(path)
+
+
+def latest(root: Path, *, check_content: bool = True) -> Path | None:
+    """The newest step checkpoint a run can resume from (:func:`problem_with`; with
+    ``check_content=False`` only :func:`verify`); each newer one that fails is named in a
+    ``warning:`` line with the one used instead."""
     bad: list[str] = []
     for _, path in reversed(step_files(root)):
-        problem = verify(path)
+        problem = problem_with(path) if check_content else verify(path)
         if problem is None:
             for line in bad:
-                warnings.warn(f"{line}; using {path} instead", stacklevel=2)
+                warning(f"{line}; using {path.name} instead")
             return path
         bad.append(f"checkpoint {path} is unusable: {problem}")
     for line in bad:
-        warnings.warn(f"{line}; no earlier checkpoint is usable", stacklevel=2)
+        warning(f"{line}; no earlier checkpoint is usable")
     return None
 
 
 def prune(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` step checkpoints (``best.ckpt`` is a link: it stays)."""
+    """Delete all but the newest ``keep`` step checkpoints (``best.ckpt`` is a link: it stays);
+    only files (a folder in the way is not the harness's to remove)."""
     for _, path in step_files(root)[:-keep]:
         for p in (path, _sidecar(path)):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                if p.is_symlink() or not p.is_dir():
+                    p.unlink()
+
+
+def set_aside_newer(root: Path, chosen: Path) -> list[Path]:
+    """Rename the step files newer than ``chosen`` (the ones the chooser found unusable) to
+    ``unusable-<name>``, so the resumed run's new checkpoints and their pruning never meet
+    them; nothing is deleted. Returns the new names."""
+    step = int(STEP_FILE.match(chosen.name)[1])  # type: ignore[index]
+    moved = []
+    for number, path in step_files(root):
+        if number > step:
+            for p in (path, _sidecar(path)):
+                if p.exists() or p.is_symlink():
+                    target = p.with_name(f"unusable-{p.name}")
+                    if not target.exists():
+                        os.replace(p, target)
+                        moved.append(target)
+    return moved
 
 
 def link_best(root: Path, path: Path) -> None:
     """Make ``best.ckpt`` (and its sidecar) the checkpoint at ``path``, atomically."""
     for src, name in ((path, BEST), (_sidecar(path), BEST + ".sha256")):
-        tmp = root / f".{name}.tmp-{os.getpid()}"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp = paths.temp_name(root / name, "tmp")
         try:
             os.link(src, tmp)
         except OSError:  # a file system without hard links
@@ -408,7 +470,7 @@ class Checkpointing(L.Callback):
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.stop_at is not None:
-            raise Preempted(self.stop_at)
+            raise Preempted(self.stop_at, str(self.meta.get("run_id") or ""))
 
 
 def order_state(datamodule: Any, consumed: int) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from huggingface_hub import PyTorchModelHubMixin
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, shorten
 
 TOKENIZER_FILE = "tokenizer.json"
 CARD_FILE = "README.md"
@@ -217,11 +217,22 @@ def is_hub_folder(path: Path) -> bool:
     return False
 
 
-def load_any(ref: str | Path) -> Any:
-    """A trained run from a run id, a folder of ``harness export`` or one in the Hub layout."""
+def load_any(ref: str | Path, *, trust_plugins: bool = False) -> Any:
+    """A trained run from a run id, a folder of ``harness export`` or one in the Hub layout
+    (which never runs code from the folder: ``trust_plugins`` is for ``model.json``'s plugin
+    files). Every failure is a :class:`~harness.errors.HarnessError`."""
     from harness.run.trained import load
 
-    return load_hf(ref) if is_hub_folder(Path(ref)) else load(ref)
+    if not is_hub_folder(Path(ref)):
+        return load(ref, trust_plugins=trust_plugins)
+    try:
+        return load_hf(ref)
+    except HarnessError:
+        raise
+    except Exception as exc:  # a damaged folder: the libraries' own errors, in one paragraph
+        raise HarnessError(f"{ref}: the Hub-layout folder could not be loaded ({type(exc).__name__}: "
+                           f"{shorten(str(exc))}). Export it again with `harness export RUN_ID "
+                           f"--format hf --out DIR`.") from None
 
 
 def load_hf(ref: str | Path) -> Any:

@@ -12,6 +12,7 @@ suffixed " (pruned)") or KILLED (interrupted) — never RUNNING.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -113,14 +114,16 @@ def train(
     if warned:
         extra_tags = {**(extra_tags or {}), Tag.WARNINGS: "; ".join(warned)}
     resumed = None
-    if run is not None:
-        from harness.run.resume import prepare
+    with contextlib.ExitStack() as held:
+        if run is not None:
+            from harness.run.resume import prepare, resume_lock
 
-        resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
-                          allow_failed=allow_failed)
-    device = run_device(cfg.train.accelerator)
-    return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
-                started, resumed)
+            held.enter_context(resume_lock(run.info.run_id))  # one resume of a run at a time
+            resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
+                              allow_failed=allow_failed)
+        device = run_device(cfg.train.accelerator)
+        return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
+                    started, resumed)
 
 
 def with_budget_steps(p: Plan) -> Plan:
@@ -133,6 +136,11 @@ def with_budget_steps(p: Plan) -> Plan:
         return p
     cost = probe(p, measure_uncounted=t.flops_count == "all")
     steps = resolve_steps(p, cost)
+    from harness.runtime.bounds import steps_problem
+
+    what = f"train.max_flops = {t.max_flops:.3g}" if t.max_flops is not None else f"train.max_tokens = {t.max_tokens}"
+    if (problem := steps_problem(steps, what)) is not None:
+        raise ConfigError(f"{problem}. Lower the budget.")
     train = t.model_copy(update={"max_steps": steps})
     return replace(p, config=p.config.model_copy(update={"train": train}), step_cost=cost)
 

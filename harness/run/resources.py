@@ -122,11 +122,43 @@ def data_tokens(p: Plan) -> int | None:
     return num_train * length + num_val * sum(lengths)
 
 
+#: Bytes of one vocabulary symbol at least (a short Python str and its slot in a tuple).
+SYMBOL_BYTES = 56
+#: Bytes a trained parameter holds at least (fp32 weight and gradient, Adam's two moments).
+TRAINED_PARAM_BYTES = 16
+
+
+def vocab_bytes(p: Plan) -> int | None:
+    """A lower bound of the memory a task's ``vocab`` parameter costs before anything else: its
+    symbols, and the model's embedding of them (``vocab x d_model`` trained parameters)."""
+    vocab = getattr(p.task.params, "vocab", None)
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return None
+    width = getattr(p.model.params, "d_model", 1)
+    width = width if isinstance(width, int) and width > 0 else 1
+    return vocab * (SYMBOL_BYTES + TRAINED_PARAM_BYTES * width)
+
+
+def check_vocab(p: Plan, room: int | None) -> None:
+    """Raise :class:`OutOfMemory` before the task builds its vocabulary if the vocabulary alone
+    cannot fit (``task.params.vocab=1000000000`` would otherwise build 10^9 symbols silently)."""
+    need = vocab_bytes(p)
+    width = getattr(p.model.params, "d_model", 1)
+    if need is None or room is None or need <= room or (isinstance(width, int) and width >= p.task.params.vocab):  # type: ignore[attr-defined]
+        return  # fits, or the width is the larger factor (the model's own check names it)
+    raise OutOfMemory(
+        f"task.params.vocab={p.task.params.vocab:,} needs at least {need / GiB:,.1f} GiB (its symbols, "  # type: ignore[attr-defined]
+        f"{SYMBOL_BYTES} bytes each, and the model's embedding of them, vocab x d_model trained "
+        f"parameters) but {room / GiB:,.1f} GiB of RAM is available. Nothing was built, trained or "
+        f"recorded. Lower task.params.vocab.")
+
+
 def check_data(p: Plan) -> None:
     """Raise :class:`OutOfMemory` before the task generates its data if that data alone cannot
     fit in RAM (``task.params.length=1000000000`` would otherwise run for hours, silently)."""
     tokens = data_tokens(p)
     room = available_bytes("cpu")
+    check_vocab(p, room)
     if tokens is None or room is None or tokens * TOKEN_BYTES <= room:
         return
     c = p.task.params

@@ -14,12 +14,23 @@ FINISHED, that FAILED (its last checkpoint may hold the state that failed: a div
 plugin's exception; train it again, or resume it explicitly from Python with
 ``allow_failed=True`` after fixing the cause), that was pruned; a run without a checkpoint;
 a run whose config or components changed since it was recorded (each difference named).
+
+**The checkpoint chooser** (:func:`harness.run.checkpoint.latest`) skips, with a ``warning:``
+line each, a newest checkpoint that is damaged or foreign (a pickle ``weights_only`` refuses,
+another program's file, a folder, a link to a device) and uses the newest valid one; when none
+is valid the resume is refused before the run is touched, so it stays KILLED and resumable.
+
+**One resume at a time** (:func:`resume_lock`): a lock file in the run's checkpoint folder,
+held while the resumed run trains; a second ``--resume`` of the same run is refused (exit 2)
+instead of training it twice and logging every point twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +38,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, warning
 from harness.keys import Tag
 from harness.run import checkpoint
 from harness.store import tracking
@@ -64,6 +75,16 @@ def recorded_config(tracker: tracking.Tracker, run_id: str) -> dict[str, Any]:
             os.environ.pop(PROGRESS_BAR, None)
         else:
             os.environ[PROGRESS_BAR] = previous
+
+
+def recorded_base(run_id: str, tracking_uri: str | None) -> dict[str, Any]:
+    """A run's recorded config, to apply ``--set`` and flags given with ``--resume`` to (so a
+    changed field is named as a change, and a free one is accepted)."""
+    tracker = tracking.Tracker(tracking_uri)
+    find_run(tracker, run_id)
+    data = recorded_config(tracker, run_id)
+    data["tracking"] = {**(data.get("tracking") or {}), "uri": tracker.uri}
+    return data
 
 
 def find_run(tracker: tracking.Tracker, run_id: str) -> Any:
@@ -123,6 +144,7 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
             *, allow_failed: bool = False) -> Resume:
     """Check that ``run`` can resume with the config planned now; find its checkpoint."""
     run_id = run.info.run_id
+    run = tracker.client.get_run(run_id)  # as it is now, under the resume lock
     check_resumable(run, allow_failed=allow_failed)
     changed = differences(recorded_config(tracker, run_id), resolved_now)
     changed += component_differences(dict(run.data.tags), plan_tags)
@@ -140,8 +162,47 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
             f"train.checkpoint_every off, or stopped before its first one), so it cannot resume. "
             f"Set train.checkpoint_every (steps, or minutes as '10min') for runs you may resume."
         )
+    moved = checkpoint.set_aside_newer(root, path)
+    if moved:
+        warning(f"run {run_id}: the unusable newer checkpoint files were renamed (kept, not "
+                f"deleted): {', '.join(p.name for p in moved[:6])}{' ...' if len(moved) > 6 else ''}")
     step = int(checkpoint.STEP_FILE.match(path.name)[1])  # type: ignore[index]
     return Resume(run_id, path, step, last_steps(tracker, run))
+
+
+#: The lock file in a run's checkpoint folder that one resuming process holds.
+LOCK_FILE = ".resume.lock"
+
+
+@contextlib.contextmanager
+def resume_lock(run_id: str) -> Iterator[None]:
+    """Hold the run's resume lock while the block runs; a HarnessError (exit 2) when another
+    process holds it (see the module). The kernel releases it if the process dies."""
+    import fcntl
+
+    root = checkpoint.folder(run_id)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise HarnessError(f"run {run_id}: its resume lock {root / LOCK_FILE} cannot be made "
+                           f"({exc.strerror or exc}).") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise HarnessError(
+            f"run {run_id} is being resumed already (by process {holder}); two resumes of one run "
+            f"would train it twice. Wait for that one to end, or stop it first.") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def reopen(tracker: tracking.Tracker, resume: Resume) -> None:

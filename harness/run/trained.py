@@ -26,15 +26,16 @@ its ``greedy_decode``.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.data.tasks import TaskInfo
 from harness.data.vocab import BOS, EOS, SEP, Vocab
-from harness.errors import ConfigError, HarnessError
-from harness.run import checkpoint
+from harness.errors import ConfigError, HarnessError, shorten
+from harness.run import checkpoint, exported
+from harness.runtime import paths
 
 WEIGHTS = "model.safetensors"
 META = "model.json"
@@ -66,11 +67,9 @@ def write_weights(folder: Path, model: Any, meta: dict[str, Any]) -> None:
     from safetensors.torch import save_model
 
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{WEIGHTS}.tmp"
-    save_model(_plain(model), str(tmp))
-    tmp.replace(folder / WEIGHTS)
-    (folder / f".{META}.tmp").write_text(json.dumps(meta, indent=1, default=str))
-    (folder / f".{META}.tmp").replace(folder / META)
+    with paths.atomic_target(folder / WEIGHTS) as tmp:  # the mode model.json gets, not 0600
+        save_model(_plain(model), str(tmp))
+    paths.write_atomic(folder / META, json.dumps(meta, indent=1, default=str).encode(), fsync=False)
 
 
 def _plain(model: Any) -> Any:
@@ -83,7 +82,9 @@ def save_final(run_id: str, built: Any, p: Any, logged: dict[str, Any]) -> None:
 
 
 # -- loading ----------------------------------------------------------------------------------
-def _build(meta: dict[str, Any]) -> tuple[Any, TaskInfo]:
+def _build(meta: dict[str, Any], *, check: Any = None) -> tuple[Any, TaskInfo]:
+    """The model ``meta`` describes; ``check(build)``, when given, is called with a function
+    that builds it, before it is built for real (an exported folder's checks)."""
     from harness.config import parse_run_config
     from harness.run.build import build_model_from
     from harness.run.plan import load_registry, plan
@@ -92,16 +93,27 @@ def _build(meta: dict[str, Any]) -> tuple[Any, TaskInfo]:
     data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
     cfg = parse_run_config(data, "the trained model's config")
     p = plan(cfg, load_registry(cfg, None))
-    info = TaskInfo(**meta["info"])
+    info = TaskInfo(**{k: meta["info"].get(k) for k in ("format", "vocab_size", "max_length", "num_classes")})
+    if check is not None:
+        check(lambda: build_model_from(p.parts, info))
     return build_model_from(p.parts, info), info
 
 
-def _from_folder(folder: Path, source: str) -> Trained:
+def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Trained:
+    """An exported folder's model, checked first (:mod:`harness.run.exported`); the run's own
+    folder in the store is the user's and trusted."""
     from safetensors.torch import load_model
 
-    meta = json.loads((folder / META).read_text())
-    model, info = _build(meta)
-    load_model(model, str(folder / WEIGHTS))
+    meta = exported.read_meta(folder, META)
+    exported.check_trusted(meta, folder, trust_plugins)
+    header = exported.weights_header(folder, WEIGHTS)
+    model, info = _build(meta, check=lambda build: exported.check_fits(folder, WEIGHTS, header, build))
+    try:
+        load_model(model, str(folder / WEIGHTS))
+    except Exception as exc:  # safetensors' and torch's errors: the weights do not fit
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise exported.DamagedExport(f"{folder / WEIGHTS}: the weights do not load into the model "
+                                     f"model.json describes ({first[:300]}). Export the run again.") from None
     model.eval()
     return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source)
 
@@ -131,15 +143,33 @@ def _from_checkpoint(path: Path, run_id: str) -> Trained:
     return Trained(model, config, info, task.vocab, task.task_kind, str(path))
 
 
-def load(ref: str | Path) -> Trained:
+def load(ref: str | Path, *, trust_plugins: bool = False) -> Trained:
     """A trained model from an exported folder or a run id (its final weights, else its newest
-    checkpoint)."""
+    checkpoint). An exported folder that names plugin files loads only with
+    ``trust_plugins=True`` (:mod:`harness.run.exported`). Every failure is a HarnessError."""
+    try:
+        return _load(ref, trust_plugins)
+    except HarnessError:
+        raise
+    except MemoryError:
+        raise HarnessError(f"{shorten(str(ref), 120)}: the model does not fit in memory.") from None
+    except Exception as exc:  # a library's error on a damaged file: still one paragraph
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise HarnessError(f"{shorten(str(ref), 120)} cannot be loaded ({type(exc).__name__}: "
+                           f"{shorten(first, 300)}).") from None
+
+
+def _load(ref: str | Path, trust_plugins: bool) -> Trained:
     path = Path(ref)
-    if path.is_dir():
-        if not (path / WEIGHTS).is_file() or not (path / META).is_file():
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name too long for the file system: not a folder
+        is_dir = False
+    if is_dir:
+        if not (path / WEIGHTS).exists() or not (path / META).exists():
             raise HarnessError(f"{path} holds no exported model ({WEIGHTS} and {META}); export one "
                                f"with `harness export RUN_ID --out DIR`.")
-        return _from_folder(path, str(path))
+        return _from_folder(path, str(path), trust_plugins)
     run_id = str(ref)
     root = checkpoint.folder(run_id)
     if (root / WEIGHTS).is_file() and (root / META).is_file():
@@ -156,19 +186,20 @@ def load(ref: str | Path) -> Trained:
 
 def export(run_id: str, out: str | Path) -> Path:
     """Copy a run's weights and config into a new folder ``out`` (refused if it exists)."""
-    target = Path(out)
-    if target.exists():
-        raise HarnessError(f"--out {target} already exists; export writes a new folder and "
-                           f"never overwrites one. Pick another path or remove it first.")
+    target = paths.new_folder(out, "--out")
     trained = load(run_id)
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     meta = {"config": trained.config, "task_kind": trained.task_kind,
             "info": {"format": trained.info.format, "vocab_size": trained.info.vocab_size,
                      "max_length": trained.info.max_length, "num_classes": trained.info.num_classes},
             "symbols": list(trained.vocab.symbols), "run_id": run_id}
-    write_weights(tmp, trained.model, meta)
-    tmp.rename(target)
+    try:
+        with paths.temp_folder(target, "export") as tmp:
+            write_weights(tmp, trained.model, meta)
+            (tmp / paths.MARK).unlink()
+            os.rename(tmp, target)
+    except OSError as exc:
+        raise HarnessError(f"--out {target}: cannot be written ({exc.strerror or exc}). Pick a "
+                           f"folder in a place you can write.") from None
     return target
 
 
@@ -222,25 +253,38 @@ def next_token(logits: Any, temperature: float, top_k: int | None, top_p: float 
     return int(torch.multinomial(probs.float(), 1, generator=generator))
 
 
+#: Sampling temperatures accepted besides 0 (greedy).
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+#: Seeds accepted by ``--seed`` (torch's generator takes 64-bit seeds).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be from 0 to 2^63-1, got {shorten(str(seed), 40)}.")
+
+
+def check_generates(trained: Trained) -> None:
+    """Refuse a run that does not generate tokens (a classifier), before its prompt is read."""
+    if trained.info.format not in ("lm", "seq2seq"):
+        raise HarnessError(
+            f"generate needs a language-model or encoder-decoder run; this one trained a "
+            f"{trained.task_kind} task in the {trained.info.format} format (it predicts labels, not "
+            f"tokens). Evaluate it with its study or `harness train` instead."
+        )
+
+
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
-    if not temperature >= 0:
-        raise ConfigError(f"--temperature must be >= 0 (0: greedy), got {temperature}.")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        raise ConfigError(f"--temperature must be 0 (greedy) or from {MIN_TEMPERATURE:g} to "
+                          f"{MAX_TEMPERATURE:g}, got {temperature:g} (below {MIN_TEMPERATURE:g} "
+                          f"sampling is greedy in all but name, and its arithmetic overflows).")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {top_k}.")
     if top_p is not None and not 0 < top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}.")
-
-
-def check_generates(trained: Trained) -> None:
-    """A HarnessError unless the run writes tokens (a language-model or encoder-decoder run)."""
-    if trained.info.format not in ("lm", "seq2seq"):
-        raise HarnessError(
-            f"generate needs a language-model or encoder-decoder run; this one trained a "
-            f"{trained.task_kind} task in the {trained.info.format} format (it predicts labels, "
-            f"not tokens). Evaluate it with its study or `harness train` instead."
-        )
 
 
 def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, temperature: float = 0.0,
@@ -250,6 +294,7 @@ def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, t
     import torch
 
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_seed(seed)
     check_generates(trained)
     fmt, model = trained.info.format, trained.model
     device = next(model.parameters()).device

@@ -52,14 +52,19 @@ def scaled_lr(transfer: dict[str, Any], size: dict[str, Any]) -> float | None:
     """The learning rate of one size under the ``scaled`` rule (None under ``per_size``)."""
     if transfer.get("rule", "per_size") != "scaled":
         return None
+    lr, base = transfer.get("lr"), transfer.get("width")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in (lr, base)):
+        return None  # the schema names the missing or bad field (scaling.transfer.lr / width)
     param = transfer.get("width_param", "d_model")
     width = size.get(param)
     if not isinstance(width, int | float) or width <= 0:
         raise ConfigError(f"scaling.sizes: transfer rule 'scaled' scales lr by "
                           f"scaling.transfer.width_param '{param}', which every size must set "
                           f"(a positive number); got {width!r} in {size}.")
-    return float(transfer["lr"]) * (float(width) / float(transfer["width"])) ** -float(
-        transfer.get("power", 1.0))
+    power = transfer.get("power", 1.0)
+    if not isinstance(power, int | float) or isinstance(power, bool):
+        return None  # the schema names it
+    return float(lr) * (float(width) / float(base)) ** -float(power)  # type: ignore[arg-type]
 
 
 def expand(data: dict[str, Any]) -> dict[str, Any]:

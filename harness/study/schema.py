@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from harness.config import (
     MAX_SECONDS,
@@ -162,6 +162,15 @@ class Budget(Strict):
     time_total_s: float | None = Field(None, gt=0, le=MAX_SECONDS,
                                        description="a worker starts no run after this")
 
+    @field_validator("flops")
+    @classmethod
+    def _plausible_flops(cls, value: float | None) -> float | None:
+        from harness.runtime.bounds import flops_problem
+
+        if value is not None and (problem := flops_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _one_target(self) -> Budget:
         if self.params is not None and self.state_size is not None:
@@ -305,6 +314,12 @@ class ScalingConfig(Strict):
         from harness.study.budget import check_budgets
 
         check_budgets(list(self.budgets))
+        if self.unit == "flops":
+            from harness.runtime.bounds import flops_problem
+
+            for b in self.budgets:
+                if (problem := flops_problem(b)) is not None:
+                    raise ValueError(f"budgets: {problem}")
         if any(not s for s in self.sizes):
             raise ValueError("sizes: every size must set at least one model parameter")
         keys = [json.dumps(s, sort_keys=True) for s in self.sizes]
@@ -401,6 +416,12 @@ class StudyConfig(Strict):
             raise ValueError(f"objective: a scaling law is fitted to a loss that falls with "
                              f"compute; '{self.objective.metric}' is maximised (use loss, bpc "
                              f"or ppl)")
+        from harness.runtime.bounds import grid_problem
+
+        bases = len({c.cell.base for c in self.candidates if c.cell is not None})
+        parts = f"{bases} candidate(s) x {len(self.scaling.sizes)} sizes x {len(self.scaling.budgets)} budgets"
+        if (problem := grid_problem(len(self.candidates), parts, self.budget.trials)) is not None:
+            raise ValueError(f"scaling: {problem}")
         if self.scaling.transfer.rule == "scaled" and "lr" in self.search:
             raise ValueError("search.lr: the transfer rule 'scaled' fixes the learning rate of "
                              "every size; remove lr from search (or use rule: per_size)")
@@ -496,6 +517,9 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
         raise ConfigError(f"{path} is a '{data.get('kind')}' config, not a study; pass a study YAML.")
     data, chosen = profiles.apply(data, profile, str(path))
     data = apply_overrides(data, list(overrides or []))
+    if "plugins" in data and data["plugins"] is None:
+        raise ConfigError(f"{path}: plugins is null (an empty key); list the local plugin .py files "
+                          f"under it, or remove the key.")
     plugins = data.get("plugins") or []
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         base = Path(path).resolve().parent

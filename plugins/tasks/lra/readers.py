@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.plugin import ConfigError, MissingDataError
+from harness.plugin import ConfigError, MissingDataError, read_user_file
 
 #: Where each dataset is looked for when the task's ``data_dir`` is empty: under the
 #: project's folder (``$HARNESS_HOME`` or the nearest ``.harness``), in ``data/lra/``.
@@ -71,14 +71,18 @@ def read_imdb(root: Path, split: str) -> list[tuple[bytes, int]]:
     in file-name order (negatives first)."""
     out = []
     for label, name in ((0, "neg"), (1, "pos")):
-        out += [(path.read_bytes(), label) for path in sorted((root / split / name).glob("*.txt"))]
+        files = sorted((root / split / name).glob("*.txt"))
+        if not files:
+            raise ConfigError(f"the folder {root / split / name} holds no review (*.txt files); "
+                              f"task.params.data_dir must be the unpacked aclImdb folder, whole.")
+        out += [(read_user_file(path, "the review"), label) for path in files]
     return out
 
 
 def read_aan(path: Path) -> list[tuple[int, bytes, bytes]]:
     """(label, text1, text2) of each line of an AAN pairs TSV."""
     out = []
-    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+    for number, line in enumerate(read_user_file(path, "the retrieval file").splitlines(), 1):
         if not line.strip():
             continue
         fields = line.split(b"\t")
@@ -94,12 +98,18 @@ def read_aan(path: Path) -> list[tuple[int, bytes, bytes]]:
                 f"label, id1, id2, text1, text2, separated by tabs (no header)."
             ) from None
         out.append((int(label), fields[3], fields[4]))
+    if not out:
+        raise ConfigError(f"{path} holds no pair (it is empty); LRA's retrieval files have one pair "
+                          f"a line. Replace it with the file from LRA's release.")
     return out
 
 
 def read_cifar(path: Path) -> list[tuple[int, bytes]]:
     """(label, 1,024 grey pixels) of each record of a CIFAR-10 binary batch file."""
-    data = path.read_bytes()
+    data = read_user_file(path, "the CIFAR-10 batch file")
+    if not data:
+        raise ConfigError(f"{path} is empty (0 bytes); a CIFAR-10 batch file holds 10,000 records of "
+                          f"{CIFAR_RECORD:,} bytes. Replace it with the file from CIFAR-10's binary release.")
     if len(data) % CIFAR_RECORD:
         raise ConfigError(
             f"{path} has {len(data)} bytes, not a multiple of {CIFAR_RECORD} (1 label byte and "
