@@ -208,10 +208,12 @@ def export_hf(run_id: str, out: str | Path, tracking_uri: str | None = None) -> 
 
 
 def is_hub_folder(path: Path) -> bool:
-    config = path / CONFIG_FILE
-    if not config.is_file():
-        return False
+    """Whether ``path`` is a folder in the harness's Hub layout (False for anything else: a run
+    id, a name too long for a path, a folder of ``harness export``)."""
     with contextlib.suppress(OSError, ValueError):
+        config = path / CONFIG_FILE
+        if not config.is_file():
+            return False
         data = json.loads(config.read_text())
         return isinstance(data, dict) and (data.get("harness") or {}).get("format") == FORMAT
     return False
