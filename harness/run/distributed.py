@@ -54,6 +54,26 @@ def planned_rank(trainer: Any) -> int:
     return int(env.global_rank())
 
 
+def check_launch(trainer: Any) -> None:
+    """Under torchrun, the processes it started must be the run's devices times its nodes:
+    otherwise each process would train alone (a run each) or wait for ranks that never come."""
+    import os
+
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+    from harness.errors import ConfigError
+
+    if not TorchElasticEnvironment.detect():
+        return
+    launched, planned = int(os.environ["WORLD_SIZE"]), trainer.num_nodes * trainer.num_devices
+    if launched != planned:
+        raise ConfigError(
+            f"train: torchrun started {launched} processes, but train.devices x train.num_nodes "
+            f"is {trainer.num_devices} x {trainer.num_nodes} = {planned}. Set train.devices to "
+            f"torchrun's --nproc-per-node and train.num_nodes to its --nnodes (and strategy: ddp "
+            f"or fsdp).")
+
+
 class ShareRun(L.Callback):
     """Once the process group exists, every rank takes rank 0's run id (ranks > 0 start with
     :data:`PENDING`) and checks that it resumes from rank 0's checkpoint step; the checkpoint
@@ -108,9 +128,76 @@ def strategy(name: str) -> Any:
 
 
 class HarnessFSDP(FSDPStrategy):
-    """Lightning's FSDP strategy under its own class name: Lightning refuses ``FSDPStrategy``
-    itself (the name and the class) without a GPU, torch's FSDP runs on the CPU with gloo, and
-    this is how the CPU tests run it. Nothing is overridden."""
+    """Lightning's FSDP strategy, runnable on the CPU with gloo (how the CPU tests run it):
+    Lightning refuses ``FSDPStrategy`` itself without a GPU (its check names the class, so a
+    subclass passes) and wraps the model with ``device_id=None`` there, which torch's FSDP
+    refuses; torch's FSDP itself runs on the CPU given ``device_id=cpu``. On a GPU nothing
+    differs from Lightning's."""
+
+    _root: Any = None
+
+    def _setup_model(self, model: Any) -> Any:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if self._root is not None and self._root.module is model:
+            # validating after fit: the blocks are wrapped, and Lightning (seeing them) would
+            # not wrap the root again, leaving the root's parameters flat and sharded
+            return self._root
+        if self.root_device.type == "cpu" and not any(isinstance(m, FSDP) for m in model.modules()):
+            model = FSDP(model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                         sharding_strategy=self.sharding_strategy, device_id=self.root_device,
+                         **self.kwargs)
+            self.kwargs.pop("auto_wrap_policy", None)  # applied: Lightning would warn it is not
+        self._root = super()._setup_model(model)
+        return self._root
+
+    # Lightning gathers a full state dict with offload_to_cpu=True, which torch 2.13's FSDP
+    # cannot do for parameters already on the CPU (a storage error, or a crash): no offload there.
+    def _full(self) -> Any:
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        offload = self.root_device.type != "cpu"
+        return FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
+                                    FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+                                    FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True))
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.root_device.type != "cpu":
+            return super().lightning_module_state_dict()
+        with self._full():
+            return self.model.state_dict()  # type: ignore[union-attr,no-any-return]
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if self.root_device.type != "cpu":
+            return super().optimizer_state(optimizer)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import OptimStateKeyType
+
+        optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+        with self._full():
+            state = FSDP.optim_state_dict(self.model, optimizer)
+            if self.global_rank == 0:  # keyed by parameter index, as Lightning stores it
+                state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
+            return state  # type: ignore[no-any-return]
+
+
+def unsharded(built: Any, fitted: Any, rebuild: Any) -> Any:
+    """After FSDP, rank 0's ``built`` (and its fitted system) with a plain model holding the
+    full weights (gathered from every rank: call it on all ranks), for what rank 0 does alone
+    afterwards (figures, attention maps, the final weights); ``built`` itself otherwise."""
+    from dataclasses import replace
+
+    trainer = fitted.trainer
+    if not isinstance(trainer.strategy, FSDPStrategy):
+        return built
+    state = trainer.strategy.lightning_module_state_dict()  # full on rank 0, empty elsewhere
+    if trainer.global_rank != 0:
+        return built
+    model = rebuild()
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    fitted.system.model = model
+    return replace(built, model=model)
 
 
 def fsdp() -> HarnessFSDP:
@@ -120,6 +207,26 @@ def fsdp() -> HarnessFSDP:
     from harness.nn.blocks import TransformerBlock
 
     return HarnessFSDP(auto_wrap_policy={TransformerBlock}, state_dict_type="full")
+
+
+def clipping(strategy_name: str, grad_clip: float | None) -> tuple[float | None, list[Any]]:
+    """``train.grad_clip`` as Lightning's ``gradient_clip_val`` and extra callbacks: FSDP clips
+    with :class:`ClipShardedGradients` (Lightning clips FSDP gradients only by value)."""
+    if strategy_name == "fsdp" and grad_clip:
+        return None, [ClipShardedGradients(grad_clip)]
+    return grad_clip, []
+
+
+class ClipShardedGradients(L.Callback):
+    """Clip FSDP's sharded gradients to a total norm (``FullyShardedDataParallel.clip_grad_norm_``:
+    the norm over every shard, the same clip as one process's), after backward, before the
+    optimizer step. (With ``16-mixed`` the gradients are still scaled here: use bf16.)"""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        trainer.strategy.model.clip_grad_norm_(self.max_norm)
 
 
 def shared_run_id(trainer: Any) -> str | None:

@@ -78,6 +78,7 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     logger: Any = False  # a rank > 0: rank 0 logs
     if records:
         logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
+    clip, clippers = distributed.clipping(t.strategy, t.grad_clip)
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[dict-item]
@@ -89,9 +90,9 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         strategy=distributed.strategy(t.strategy),
         plugins=distributed.plugins(),
         precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
-        gradient_clip_val=t.grad_clip,
+        gradient_clip_val=clip,
         logger=logger,
-        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *callbacks,
+        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers, *callbacks,
                    distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None)],
         profiler=wait,
         enable_checkpointing=t.checkpoint,

@@ -180,6 +180,7 @@ def _follow(p: Plan, built: Any, callbacks: list[Any], resume: Any, rank: int) -
     fitted = fit(p, built, run_id, tracking.tracking_uri(p.config.tracking.uri), callbacks, resume,
                  records=False)
     evaluation = evaluate(p, built, fitted)
+    distributed.unsharded(built, fitted, None)  # rank 0 gathers the full weights
     return RunResult(distributed.shared_run_id(fitted.trainer) or run_id, "FINISHED",
                      evaluation.metrics, built.num_params, p.resolved_config(),
                      evaluation.not_applicable, rank=rank)
@@ -231,6 +232,7 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
             evaluated = time.perf_counter()
             evaluation = evaluate(p, built, fitted)
             eval_s = time.perf_counter() - evaluated
+            built = distributed.unsharded(built, fitted, lambda: build_model(p, built.info))
         stage = "recording"
         if cfg.train.save_model:
             save_final(run_id, built, p, logged)
@@ -306,5 +308,6 @@ def check_trainer_settings(cfg: RunConfig) -> int:
         ) from None
     finally:
         logging.disable(before)
+    distributed.check_launch(trainer)
     return distributed.planned_rank(trainer)
 
