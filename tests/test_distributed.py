@@ -11,6 +11,7 @@ once and one checkpoint folder. NCCL, GPUs and real separate machines are not ex
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -136,6 +137,13 @@ def start(commands: list[list[str]], home: Path, tmp_path: Path, tag: str) -> li
             for i, c in enumerate(commands)]
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (torchrun starts its workers in sessions of their own)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    children = [int(x) for x in path.read_text().split()] if path.exists() else []
+    return [pid, *(d for c in children for d in tree(c))]
+
+
 def kill_after_first_checkpoint(procs: list[subprocess.Popen], home: Path, timeout_s: float = 400) -> str:
     """SIGKILL every process of the run once its first checkpoint is on disk (as a lost node
     or an out-of-time job would end); the run's id."""
@@ -144,8 +152,11 @@ def kill_after_first_checkpoint(procs: list[subprocess.Popen], home: Path, timeo
     while time.monotonic() < deadline:
         done = sorted(root.glob("*/step-*.ckpt.sha256")) if root.is_dir() else []
         if done:
+            started = [pid for p in procs for pid in tree(p.pid)]
+            for pid in started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             for p in procs:
-                os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             return done[0].parent.name
         if any(p.poll() is not None for p in procs):
@@ -221,3 +232,46 @@ def test_two_torchrun_nodes_on_one_machine_record_one_run_and_resume(tmp_path):
     assert "FINISHED" not in (tmp_path / "resumed-1.log").read_text()
     assert_recorded_once(home, run_id, {"harness.world_size": "2", "harness.num_nodes": "2",
                                         "harness.strategy": "DDPStrategy", "harness.launcher": "torchrun"})
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_records_one_run_and_resumes_from_its_full_checkpoint(tmp_path):
+    """FSDP on gloo: parameters sharded over two processes, checkpoints gathered on rank 0 as
+    one full state dict, resumed on both; rank 0 records with the gathered weights."""
+    from harness.run.checkpoint import read
+
+    home = tmp_path / "home"
+    path = write_config(tmp_path, devices=2, strategy="fsdp")
+    harness = [sys.executable, "-m", "harness.cli", "train"]
+    run_id = kill_after_first_checkpoint(start([[*harness, str(path)]], home, tmp_path, "first"), home)
+    state = read(sorted((home / "checkpoints" / run_id).glob("step-*.ckpt"))[0])["state_dict"]
+    embedding = next(v for k, v in state.items() if v.dim() == 2)
+    assert embedding.shape[0] > 1 and embedding.shape[1] == MODEL["params"]["d_model"]  # whole, not a flat shard
+    resumed = start([[*harness, "--resume", run_id]], home, tmp_path, "resumed")
+    finish(resumed, tmp_path, "resumed")
+    assert_recorded_once(home, run_id, {"harness.world_size": "2", "harness.num_nodes": "1",
+                                        "harness.strategy": "HarnessFSDP", "harness.launcher": "lightning"})
+
+
+def test_a_store_left_with_a_hot_journal_by_a_killed_process_opens_at_its_last_commit(tmp_path):
+    """A process SIGKILLed inside an MLflow write (a lost node, a scheduler's kill) leaves a
+    hot journal; the guard's check lets SQLite roll it back (its own crash recovery) instead of
+    calling the store damaged, so the run can be resumed."""
+    import sqlite3
+
+    from harness.store.guard import check_sqlite
+
+    db = tmp_path / "mlflow.db"
+    code = ("import os, signal, sqlite3, sys\n"
+            "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "con.execute('PRAGMA cache_size=1')\n"  # pages spill to the file inside the write
+            "con.execute('CREATE TABLE runs (id INTEGER, blob TEXT)')\n"
+            "con.execute('INSERT INTO runs VALUES (1, \"committed\")')\n"
+            "con.execute('BEGIN')\n"
+            "for i in range(2000): con.execute('INSERT INTO runs VALUES (?, ?)', (i + 2, 'x' * 500))\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", code, str(db)], check=False, timeout=60)
+    journal = db.with_name("mlflow.db-journal")
+    assert journal.is_file() and journal.stat().st_size > 0  # the kill left it hot
+    check_sqlite(db, "mlflow")
+    assert sqlite3.connect(db).execute("SELECT id FROM runs").fetchall() == [(1,)]

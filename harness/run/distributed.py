@@ -154,7 +154,11 @@ class HarnessFSDP(FSDPStrategy):
     # Lightning gathers a full state dict with offload_to_cpu=True, which torch 2.13's FSDP
     # cannot do for parameters already on the CPU (a storage error, or a crash): no offload there.
     def _full(self) -> Any:
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            StateDictType,
+        )
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         offload = self.root_device.type != "cpu"
