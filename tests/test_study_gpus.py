@@ -72,6 +72,10 @@ def test_the_command_itself_is_the_first_worker_and_says_so_first(gpus, monkeypa
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("2 workers on GPUs 3,5")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"  # set here before CUDA could start
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    main(["study", "run", str(tmp_path / "missing.yaml")])  # one worker: nothing assigned
+    assert capsys.readouterr().out.splitlines()[0].startswith("reading ")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5"
 
 
 def test_a_study_with_more_devices_per_trial_than_each_worker_has_is_refused(gpus):

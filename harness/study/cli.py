@@ -152,7 +152,10 @@ def _gpus(args: argparse.Namespace) -> list[dict[str, str]]:
 
     from harness.study.spawn import gpu_plan
 
-    envs, line = gpu_plan(getattr(args, "workers", 1), getattr(args, "gpus_per_worker", 1))
+    workers = getattr(args, "workers", 1)
+    if workers == 1:  # one worker sees what the command sees (and torch loads later)
+        return [{}]
+    envs, line = gpu_plan(workers, getattr(args, "gpus_per_worker", 1))
     if line:
         os.environ.update(envs[0])
         print(f"{line} (CUDA_VISIBLE_DEVICES per worker; --gpus-per-worker sets how many each)",
