@@ -161,6 +161,7 @@ class HarnessFSDP(FSDPStrategy):
         )
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        assert self.model is not None
         offload = self.root_device.type != "cpu"
         return FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
                                     FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
@@ -169,8 +170,9 @@ class HarnessFSDP(FSDPStrategy):
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if self.root_device.type != "cpu":
             return super().lightning_module_state_dict()
+        assert self.model is not None
         with self._full():
-            return self.model.state_dict()  # type: ignore[union-attr,no-any-return]
+            return self.model.state_dict()
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         if self.root_device.type != "cpu":
@@ -179,6 +181,7 @@ class HarnessFSDP(FSDPStrategy):
         from torch.distributed.fsdp import OptimStateKeyType
 
         optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+        assert self.model is not None
         with self._full():
             state = FSDP.optim_state_dict(self.model, optimizer)
             if self.global_rank == 0:  # keyed by parameter index, as Lightning stores it
