@@ -297,3 +297,29 @@ def test_fsdp_trains_the_same_weights_as_ddp(tmp_path):
         diff = (weights["fsdp"][key] - reference).abs().max().item()
         # seen: 5.3e-6 on weights up to 1.0 (reduction order); a missing clip would be ~1e-2
         assert diff <= 5e-5 * max(1.0, reference.abs().max().item()), (key, diff)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigusr1_to_rank_0_alone_stops_both_processes_at_one_checkpoint_and_resumes(strategy, tmp_path):
+    """``kill -USR1`` on the command (rank 0 only): the ranks agree on a step, both checkpoint
+    there (FSDP's gathering needs both) and stop; the run ends KILLED and preempted with exit
+    75, and resumes."""
+    home = tmp_path / "home"
+    path = write_config(tmp_path, devices=2, strategy=strategy)
+    (proc,) = start([[sys.executable, "-m", "harness.cli", "train", str(path)]], home, tmp_path, "first")
+    deadline = time.monotonic() + 400
+    while not list((home / "checkpoints").glob("*/step-*.ckpt.sha256")) and time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "first-0.log").read_text()[-3000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 75, (tmp_path / "first-0.log").read_text()[-3000:]
+    (folder,) = (home / "checkpoints").iterdir()
+    run = MlflowClient(f"sqlite:///{home / 'mlflow.db'}").get_run(folder.name)
+    assert run.info.status == "KILLED" and run.data.tags["harness.preempted"] == "true"
+    steps = sorted(int(p.name[5:14]) for p in folder.glob("step-*.ckpt"))
+    assert steps[-1] % 10 == 0 and steps[-1] < STEPS  # the agreed step (every 10)
+    resumed = start([[sys.executable, "-m", "harness.cli", "train", "--resume", folder.name]], home,
+                    tmp_path, "resumed")
+    finish(resumed, tmp_path, "resumed")
+    assert_recorded_once(home, folder.name, {"harness.world_size": "2", "harness.launcher": "lightning"})

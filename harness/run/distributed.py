@@ -16,6 +16,8 @@ the run with a message.
 (:func:`strategy`); its checkpoints hold the full state dict, gathered on rank 0, so they
 resume on any number of devices and load as any other.
 
+SIGUSR1 on any rank stops every rank at one agreed step (:class:`AgreeOnStop`).
+
 The run's distributed facts are tags (:func:`run_tags`): world size, nodes, strategy and
 launcher. See docs/scaling_out.md.
 """
@@ -95,6 +97,48 @@ class ShareRun(L.Callback):
         from harness.run.checkpoint import folder
 
         self.saver.root = Path(folder(run_id))
+
+
+class AgreeOnStop(L.Callback):
+    """SIGUSR1 on any rank stops every rank at the same step. A scheduler's warning reaches
+    the ranks at slightly different steps (or only one of them: ``kill -USR1`` on the
+    command); a checkpoint taken at different steps would deadlock FSDP's gathering and leave
+    DDP's ranks waiting for each other. While a run has several processes, SIGUSR1 only notes
+    the request; every ``every`` steps the ranks combine their notes (one all-reduce of a
+    flag: on a GPU a host sync every ``every`` steps, not every step) and, if any rank has
+    one, all of them ask :mod:`harness.run.checkpoint` to checkpoint at that same step and
+    stop. Listed before the checkpoint callback, so its hook runs first."""
+
+    def __init__(self, every: int = 10) -> None:
+        self.every, self.noted = every, False
+        self.previous: Any = None
+
+    def _note(self, *_: Any) -> None:
+        self.noted = True
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        import signal
+        import threading
+
+        if trainer.world_size > 1 and hasattr(signal, "SIGUSR1") and \
+                threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGUSR1, self._note)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        from harness.run.checkpoint import request_stop, stop_requested
+
+        if self.previous is None or stop_requested() or trainer.global_step % self.every:
+            return
+        if trainer.strategy.reduce_boolean_decision(self.noted, all=False):
+            request_stop()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGUSR1, self.previous)
+            self.previous = None
 
 
 def run_tags(trainer: Any) -> dict[str, str]:
@@ -217,11 +261,12 @@ def fsdp() -> HarnessFSDP:
 
 
 def clipping(strategy_name: str, grad_clip: float | None) -> tuple[float | None, list[Any]]:
-    """``train.grad_clip`` as Lightning's ``gradient_clip_val`` and extra callbacks: FSDP clips
-    with :class:`ClipShardedGradients` (Lightning clips FSDP gradients only by value)."""
+    """``train.grad_clip`` as Lightning's ``gradient_clip_val``, and the callbacks that go
+    before the checkpoint callback: :class:`AgreeOnStop`, and for FSDP
+    :class:`ClipShardedGradients` (Lightning clips FSDP gradients only by value)."""
     if strategy_name == "fsdp" and grad_clip:
-        return None, [ClipShardedGradients(grad_clip)]
-    return grad_clip, []
+        return None, [AgreeOnStop(), ClipShardedGradients(grad_clip)]
+    return grad_clip, [AgreeOnStop()]
 
 
 class ClipShardedGradients(L.Callback):
