@@ -16,6 +16,11 @@
 # $HARNESS_HOME/checkpoints: put HARNESS_HOME on a file system every node sees. A worker
 # killed outright (SIGKILL, a lost node) is retried from its last regular checkpoint once its
 # heartbeat goes stale. Re-submit the same array to finish a study.
+#
+# One worker per GPU: a task that asks for G GPUs (--gres=gpu:G) runs G workers with
+# HARNESS_WORKERS_PER_TASK=G; each gets its own GPU from the ones Slurm gave the task (its
+# CUDA_VISIBLE_DEVICES is the pool: docs/scaling_out.md). E.g. 4 nodes x 8 GPUs:
+#   HARNESS_WORKERS_PER_TASK=8 sbatch --array=0-3 --gres=gpu:8 --cpus-per-task=64 examples/slurm_study.sh S.yaml
 #SBATCH --job-name=harness-study
 #SBATCH --array=0-3
 #SBATCH --cpus-per-task=8
@@ -39,7 +44,7 @@ echo "worker ${SLURM_ARRAY_TASK_ID:-0} of study $STUDY on $(hostname)"
 # command line, which every user of the node can read. With a database as the tracking store
 # instead of a server, also export HARNESS_ARTIFACT_URI (s3://bucket/prefix, a shared folder)
 # so every worker's artifacts land in one place.
-harness study run "$STUDY" &
+harness study run "$STUDY" --workers "${HARNESS_WORKERS_PER_TASK:-1}" &
 worker=$!
 trap 'kill -USR1 "$worker" 2>/dev/null || true' USR1   # the warning: checkpoint and stop
 trap 'kill -TERM "$worker" 2>/dev/null || true' TERM   # scancel, or the limit itself

@@ -168,7 +168,13 @@ class TrainConfig(Strict):
               | Annotated[str, Field(pattern=r"^(auto|-1|\d+|\d+(,\d+)*,?)$")]
               | Annotated[list[Annotated[int, Field(ge=0, le=4096)]], Field(min_length=1)]) = Field(
         "auto", description="a count (-1: all), 'auto', '0,1' or a list of device indices")
-    strategy: str = Field("auto", pattern=r"^[A-Za-z0-9_]+$")
+    strategy: str = Field("auto", pattern=r"^[A-Za-z0-9_]+$", description=(
+        "Lightning's strategy: auto, ddp (one process per device; the command runs again per "
+        "rank), ddp_spawn, fsdp (parameters, gradients and optimizer state sharded over the "
+        "devices; docs/scaling_out.md), ..."))
+    num_nodes: int = Field(1, ge=1, le=4096, exclude_if=lambda v: v == 1, description=(
+        "machines the run trains on (devices is per machine): under torchrun or Slurm, the "
+        "nodes it was launched on (docs/scaling_out.md)"))
     precision: Annotated[Literal[PRECISIONS], BeforeValidator(  # type: ignore[valid-type]
         lambda v: str(v) if type(v) is int else v)] = Field(
         "auto", description="Lightning precision; auto: bf16-mixed on GPUs that support it, else "

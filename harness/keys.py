@@ -37,6 +37,10 @@ class Tag:
     RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     WARNINGS = "harness.warnings"  # legal but meaningless settings (harness.run.sanity)
+    WORLD_SIZE = "harness.world_size"  # processes that trained the run (harness.run.distributed)
+    NUM_NODES = "harness.num_nodes"
+    STRATEGY = "harness.strategy"  # Lightning's strategy class: SingleDeviceStrategy, DDPStrategy, ...
+    LAUNCHER = "harness.launcher"  # who started the processes: lightning, torchrun, slurm, ...
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

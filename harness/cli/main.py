@@ -150,6 +150,8 @@ def _train(args: argparse.Namespace) -> int:
 
     with stop_on_sigusr1():
         result = train(cfg)
+    if result.rank:  # a distributed run's other processes: rank 0 says it once
+        return 0
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
     for key in sorted(result.metrics):
         print(f"  {key:<32} {result.metrics[key]:.4f}")
@@ -180,6 +182,8 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
 
     with stop_on_sigusr1():
         result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri)
+    if result.rank:
+        return 0
     print(f"\nrun {result.run_id} {result.status} (resumed); {result.num_params:,} parameters")
     for key in sorted(result.metrics):
         print(f"  {key:<32} {result.metrics[key]:.4f}")

@@ -24,7 +24,7 @@ import lightning as L
 from lightning.pytorch.loggers import MLFlowLogger
 
 from harness.keys import Metric
-from harness.run import checkpoint
+from harness.run import checkpoint, distributed
 from harness.run.build import Built
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
@@ -55,10 +55,12 @@ class Fitted:
 
 
 def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[Any],
-        resume: Resume | None = None, meta: dict[str, Any] | None = None) -> Fitted:
+        resume: Resume | None = None, meta: dict[str, Any] | None = None,
+        records: bool = True) -> Fitted:
     """Train ``built.model`` as ``p.config.train`` says, logging to the MLflow run ``run_id``;
     ``resume``: continue from that checkpoint (:mod:`harness.run.resume`). ``meta`` goes into
-    every checkpoint (:mod:`harness.run.checkpoint`)."""
+    every checkpoint (:mod:`harness.run.checkpoint`). ``records=False``: a rank > 0 of a
+    distributed run, with no logger (not even an MLflow client: :mod:`harness.run.distributed`)."""
     t = p.config.train
     device = devices.run_device(t.accelerator)
     dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed)
@@ -73,7 +75,10 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         metric=t.checkpoint_metric, mode=t.checkpoint_mode, meta=meta or {}, datamodule=dm)]
     kwargs: dict[str, Any] = {"experiment_name": p.config.tracking.experiment, "tracking_uri": tracking_uri,
               "run_id": run_id, "log_model": False}
-    logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
+    logger: Any = False  # a rank > 0: rank 0 logs
+    if records:
+        logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
+    clip, clippers = distributed.clipping(t.strategy, t.grad_clip)
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[dict-item]
@@ -81,11 +86,14 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         check_val_every_n_epoch=None,
         accelerator=t.accelerator,
         devices=t.devices,
-        strategy=t.strategy,
+        num_nodes=t.num_nodes,
+        strategy=distributed.strategy(t.strategy),
+        plugins=distributed.plugins(),
         precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
-        gradient_clip_val=t.grad_clip,
+        gradient_clip_val=clip,
         logger=logger,
-        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *callbacks],
+        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers, *callbacks,
+                   distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None)],
         profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,

@@ -8,6 +8,9 @@ shadow that function on the package.) Everything that can be validated is valida
 the MLflow run is created; once it exists, the run always ends FINISHED, FAILED (with the
 reason in the ``harness.failure`` tag), FINISHED as pruned (``harness.pruned``, its name
 suffixed " (pruned)") or KILLED (interrupted) — never RUNNING.
+
+On several processes (``ddp``, ``torchrun``, Slurm) only rank 0 records; the other ranks
+train and evaluate in step with it and record nothing (:mod:`harness.run.distributed`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from harness.config import RunConfig, load_run_config, parse_run_config
 from harness.errors import ConfigError, HarnessError, Interrupted, RunFailed
 from harness.keys import Metric, Tag
 from harness.registry.specs import Registry
-from harness.run import failure
+from harness.run import distributed, failure
 from harness.run.build import build, build_model
 from harness.run.plan import Plan, load_registry, plan
 from harness.run.record import (
@@ -51,6 +54,7 @@ class RunResult:
     num_params: int
     config: dict[str, Any]
     not_applicable: list[int] = field(default_factory=list)  # eval lengths the model cannot run
+    rank: int = 0  # > 0: a process of a distributed run that recorded nothing (rank 0 did)
 
 
 def as_config(config: RunConfig | dict[str, Any] | str | os.PathLike[str]) -> RunConfig:
@@ -106,10 +110,10 @@ def train(
     if parent_run_id is None:  # a study checked its store once, before its first trial
         tracking.preflight(cfg.tracking.uri)
     p = plan(cfg, load_registry(cfg, registry))
-    check_trainer_settings(cfg)
+    rank = check_trainer_settings(cfg)
     p = with_budget_steps(p)
     warned = meaningless(p)
-    for text in warned if parent_run_id is None else ():  # a study says them once, at creation
+    for text in warned if parent_run_id is None and not rank else ():  # a study says them once
         print(f"warning: {text}", file=sys.stderr, flush=True)
     if warned:
         extra_tags = {**(extra_tags or {}), Tag.WARNINGS: "; ".join(warned)}
@@ -118,10 +122,13 @@ def train(
         if run is not None:
             from harness.run.resume import prepare, resume_lock
 
-            held.enter_context(resume_lock(run.info.run_id))  # one resume of a run at a time
+            if not rank:  # one resume of a run at a time; ranks > 0 follow rank 0's
+                held.enter_context(resume_lock(run.info.run_id))
             resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
-                              allow_failed=allow_failed)
+                              allow_failed=allow_failed, writes=not rank)
         device = run_device(cfg.train.accelerator)
+        if rank:
+            return _follow(p, _build(p, device), callbacks or [], resumed, rank)
         return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
                     started, resumed)
 
@@ -171,6 +178,23 @@ def _build(p: Plan, device: Any) -> Any:
     raise error
 
 
+def _follow(p: Plan, built: Any, callbacks: list[Any], resume: Any, rank: int) -> RunResult:
+    """A process of rank > 0: trains and evaluates in step with rank 0 and records nothing (no
+    MLflow run started, written or ended, no checkpoint, no weights); its run id comes from
+    rank 0 once the processes are connected (:class:`harness.run.distributed.ShareRun`)."""
+    from harness.run.evaluate import evaluate
+    from harness.run.fit import fit
+
+    run_id = resume.run_id if resume is not None else distributed.PENDING
+    fitted = fit(p, built, run_id, tracking.tracking_uri(p.config.tracking.uri), callbacks, resume,
+                 records=False)
+    evaluation = evaluate(p, built, fitted)
+    distributed.unsharded(built, fitted, None)  # rank 0 gathers the full weights
+    return RunResult(distributed.shared_run_id(fitted.trainer) or run_id, "FINISHED",
+                     evaluation.metrics, built.num_params, p.resolved_config(),
+                     evaluation.not_applicable, rank=rank)
+
+
 def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks: list[Any],
          extra_tags: dict[str, str], started: float, resume: Any = None) -> RunResult:
     """Fit, evaluate and record one built run in its own MLflow run (``resume``: in the run
@@ -212,10 +236,12 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
             stage = "training"
             fitted = fit(p, built, run_id, tracker.uri, callbacks, resume,
                          meta={"run_id": run_id, "config": json.dumps(logged)})
+            tracker.set_tags(run_id, distributed.run_tags(fitted.trainer))
             stage = "evaluating"
             evaluated = time.perf_counter()
             evaluation = evaluate(p, built, fitted)
             eval_s = time.perf_counter() - evaluated
+            built = distributed.unsharded(built, fitted, lambda: build_model(p, built.info))
         stage = "recording"
         if cfg.train.save_model:
             save_final(run_id, built, p, logged)
@@ -260,9 +286,11 @@ def masked(resolved: dict[str, Any]) -> dict[str, Any]:
     return logged
 
 
-def check_trainer_settings(cfg: RunConfig) -> None:
-    """Lightning's own checks of the accelerator, devices, strategy and precision, run before
-    anything is recorded (a GPU asked for on a machine without one, devices it lacks)."""
+def check_trainer_settings(cfg: RunConfig) -> int:
+    """Lightning's own checks of the accelerator, devices, nodes, strategy and precision, run
+    before anything is recorded (a GPU asked for on a machine without one, devices it lacks,
+    nodes the launcher did not start); returns this process's rank in the run
+    (:func:`harness.run.distributed.planned_rank`)."""
     import logging
     import warnings
 
@@ -274,16 +302,21 @@ def check_trainer_settings(cfg: RunConfig) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            L.Trainer(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
-                      precision=t.precision if t.precision != "auto" else "32-true",  # type: ignore[arg-type]
-                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, max_steps=1)
+            trainer = L.Trainer(
+                accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+                strategy=distributed.strategy(t.strategy), plugins=distributed.plugins(),
+                precision=t.precision if t.precision != "auto" else "32-true",  # type: ignore[arg-type]
+                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, max_steps=1)
     except Exception as exc:  # MisconfigurationException, ValueError, TypeError, RuntimeError
         raise ConfigError(
             f"train: Lightning cannot train with accelerator={t.accelerator!r}, devices="
-            f"{t.devices!r}, strategy={t.strategy!r}, precision={t.precision!r} on this machine: "
+            f"{t.devices!r}, num_nodes={t.num_nodes}, strategy={t.strategy!r}, precision="
+            f"{t.precision!r} on this machine: "
             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
         ) from None
     finally:
         logging.disable(before)
+    distributed.check_launch(trainer)
+    return distributed.planned_rank(trainer)
 

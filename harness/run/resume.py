@@ -141,8 +141,10 @@ def last_steps(tracker: tracking.Tracker, run: Any) -> dict[str, int]:
 
 
 def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], plan_tags: dict[str, str],
-            *, allow_failed: bool = False) -> Resume:
-    """Check that ``run`` can resume with the config planned now; find its checkpoint."""
+            *, allow_failed: bool = False, writes: bool = True) -> Resume:
+    """Check that ``run`` can resume with the config planned now; find its checkpoint.
+    ``writes``: set unusable newer checkpoint files aside (rank 0 of a distributed run only;
+    the other ranks read what it chose)."""
     run_id = run.info.run_id
     run = tracker.client.get_run(run_id)  # as it is now, under the resume lock
     check_resumable(run, allow_failed=allow_failed)
@@ -162,7 +164,7 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
             f"train.checkpoint_every off, or stopped before its first one), so it cannot resume. "
             f"Set train.checkpoint_every (steps, or minutes as '10min') for runs you may resume."
         )
-    moved = checkpoint.set_aside_newer(root, path)
+    moved = checkpoint.set_aside_newer(root, path) if writes else []
     if moved:
         warning(f"run {run_id}: the unusable newer checkpoint files were renamed (kept, not "
                 f"deleted): {', '.join(p.name for p in moved[:6])}{' ...' if len(moved) > 6 else ''}")

@@ -6,6 +6,11 @@ module attribute at call time, so each GPU branch runs in CPU tests with ``torch
 queries replaced (``tests/test_cost_devices.py``): the first GPU run is not the first run of
 these lines.
 
+**GPUs for workers** (:func:`visible_gpus`, :func:`assign_gpus`): ``harness study run
+--workers N`` gives each worker its own GPUs through ``CUDA_VISIBLE_DEVICES``. They are
+counted without initialising CUDA in the counting process (:func:`gpu_count`), because the
+first worker is that process and its own ``CUDA_VISIBLE_DEVICES`` is set after the count.
+
 **Peak throughput** (:data:`PEAKS`): dense (no sparsity) bf16 tensor-core FLOP/s from the
 vendor's datasheets, the denominator of model FLOPs utilisation (MFU). It is deliberately
 not Lightning's table (``lightning.fabric.utilities.throughput``), which gives the H200 a
@@ -16,9 +21,14 @@ matches no row has no MFU (the run says so by not logging ``cost/mfu``), never a
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+from harness.errors import HarnessError
 
 
 @dataclass(frozen=True)
@@ -131,3 +141,66 @@ def free_bytes(device: Any) -> int | None:
     if device.type != "cuda":
         return None
     return int(torch.cuda.mem_get_info(device)[0])
+
+
+# -- GPUs for a machine's workers --------------------------------------------------------------
+class DevicesError(HarnessError):
+    """More workers than the machine's GPUs can give their own."""
+
+
+def gpu_count() -> int:
+    """The GPUs this process can see (``CUDA_VISIBLE_DEVICES`` applied), counted without
+    initialising CUDA here: 0 with a CPU-only build of torch; else through NVML, as
+    ``torch.cuda.device_count`` counts when ``PYTORCH_NVML_BASED_CUDA_CHECK`` is set; where
+    NVML is missing, a child process counts (CUDA is initialised there, not here). The one
+    function that asks the hardware: tests replace it to fake a machine's GPUs."""
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return 0
+    count = int(torch.cuda._device_count_nvml())
+    if count >= 0:
+        return count
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a command may hand to its workers, named as ``CUDA_VISIBLE_DEVICES`` names
+    them: the variable's entries where it is set (the pool a user or a scheduler gave this
+    process; indices, ``GPU-`` UUIDs or ``MIG-`` names), else ``0`` .. ``gpu_count() - 1``."""
+    count = gpu_count()
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [str(i) for i in range(count)]
+    # CUDA stops at the first entry it cannot use: the count says how many are usable
+    return [e.strip() for e in given.split(",") if e.strip()][:count]
+
+
+def assign_gpus(pool: list[str], workers: int, per_worker: int) -> list[list[str]]:
+    """Each worker's GPUs: worker ``i`` gets ``pool[i*k:(i+1)*k]`` (``k = per_worker``); none
+    (every worker sees the whole pool) when the pool is empty or ``per_worker`` is 0. More
+    workers than the pool can give ``k`` GPUs each is refused."""
+    if not pool or per_worker == 0:
+        return [[] for _ in range(workers)]
+    if workers * per_worker > len(pool):
+        most = len(pool) // per_worker
+        raise DevicesError(
+            f"--workers {workers} with {per_worker} GPU(s) per worker needs {workers * per_worker} "
+            f"GPUs; this machine shows {len(pool)} ({', '.join(pool)}"
+            f"{', from CUDA_VISIBLE_DEVICES' if 'CUDA_VISIBLE_DEVICES' in os.environ else ''}). "
+            f"Use --workers {max(most, 1)}" + (f" --gpus-per-worker {per_worker}" if most else
+                                                f" --gpus-per-worker {len(pool)}")
+            + ", or --gpus-per-worker 0 to let the workers share the GPUs (each trains on the "
+              "first one it sees; several trials then share one GPU's memory and time).")
+    return [pool[i * per_worker:(i + 1) * per_worker] for i in range(workers)]
+
+
+def describe_gpus(assigned: list[list[str]]) -> str:
+    """``4 workers on GPUs 0,1,2,3`` (one each) or ``2 workers on GPUs 0,1 | 2,3``."""
+    n = len(assigned)
+    workers = f"{n} worker{'s' if n != 1 else ''}"
+    if all(len(a) == 1 for a in assigned):
+        return f"{workers} on GPU{'s' if n != 1 else ''} {','.join(a[0] for a in assigned)}"
+    return f"{workers} on GPUs {' | '.join(','.join(a) for a in assigned)} ({len(assigned[0])} each)"

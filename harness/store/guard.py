@@ -83,8 +83,12 @@ def check_sqlite(path: Path, store: str) -> None:
     if header[24:28] == header[92:96] and pages and size < pages * page_size:
         raise damaged(path, store, f"is truncated ({size:,} bytes of the {pages * page_size:,} "
                                    f"its header records)")
+    # a hot journal (a process killed inside a write) is rolled back by the first connection
+    # that may write: SQLite's own crash recovery, back to the last committed state
+    hot = path.with_name(path.name + "-journal")
+    mode = "rw" if hot.is_file() and hot.stat().st_size > 0 else "ro"
     try:
-        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=60)
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=60)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if size <= QUICK_CHECK_MAX_BYTES:

@@ -131,6 +131,7 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from harness.runtime.threads import passive_wait
 
     passive_wait()  # before torch loads: this worker's idle OpenMP threads sleep, not spin
+    args.gpu_env = _gpus(args)  # before CUDA starts here: this process is the first worker
 
     same = _same_study(args)  # the resume command keeps --set too: the study's config depends on it
     with ctrl_c("The running trial stays RUNNING until its heartbeat goes stale; the next "
@@ -144,12 +145,46 @@ def cmd_study_run(args: argparse.Namespace) -> int:
             raise
 
 
+def _gpus(args: argparse.Namespace) -> list[dict[str, str]]:
+    """Each worker's GPUs (``CUDA_VISIBLE_DEVICES``), this process's set now, said in the
+    command's first line; more workers than GPUs refused (exit 2)."""
+    import os
+
+    from harness.study.spawn import gpu_plan
+
+    workers = getattr(args, "workers", 1)
+    if workers == 1:  # one worker sees what the command sees (and torch loads later)
+        return [{}]
+    envs, line = gpu_plan(workers, getattr(args, "gpus_per_worker", 1))
+    if line:
+        os.environ.update(envs[0])
+        print(f"{line} (CUDA_VISIBLE_DEVICES per worker; --gpus-per-worker sets how many each)",
+              flush=True)
+    return envs
+
+
+def _check_gpus_per_worker(args: argparse.Namespace, train: dict[str, Any]) -> None:
+    """A study whose trials use more devices than each worker was given fails in every trial:
+    refused before the first."""
+    from harness.errors import ConfigError
+
+    devices = train.get("devices", 1)
+    if not any(getattr(args, "gpu_env", [{}])) or not isinstance(devices, int):
+        return
+    if devices == -1 or devices > args.gpus_per_worker:
+        raise ConfigError(
+            f"train.devices: {devices} in the study, but each worker was given "
+            f"{args.gpus_per_worker} GPU(s). Start the workers with --gpus-per-worker "
+            f"{devices if devices > 0 else 'K'} (and --workers at most the GPUs divided by it).")
+
+
 def _study_run(args: argparse.Namespace) -> int:
     from harness.report.export import parse_formats
 
     formats = parse_formats(args.format)  # a typo fails now, not after the training
     _say(f"reading {args.file} ...")
     handle, space = _prepare(args)
+    _check_gpus_per_worker(args, handle.config.train)
     from harness.study.display import StudyDisplay
     from harness.study.progress import describe, progress
     from harness.study.worker import run_worker
@@ -171,7 +206,7 @@ def _study_run(args: argparse.Namespace) -> int:
               f"{log_path(handle.name, 1).parent}/{handle.name}-worker-N.log)", flush=True)
     from harness.run.checkpoint import stop_on_sigusr1
 
-    with extra_workers(extra, command, handle.name, env=env) as procs, \
+    with extra_workers(extra, command, handle.name, env=env, own=args.gpu_env[1:]) as procs, \
             StudyDisplay(metric=metric) as display, \
             stop_on_sigusr1(forward=procs):  # SIGUSR1: checkpoint the trials, stop (exit 75)
         summary = run_worker(handle, space, display)
@@ -288,7 +323,11 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--out", default=None, help="report folder (with --report)")
     p.add_argument("--workers", type=_workers, default=1, metavar="N",
                    help="workers on this machine: this process and N-1 more (they share the "
-                        "cores; default 1)")
+                        "cores, and on a machine with GPUs each gets its own; default 1)")
+    p.add_argument("--gpus-per-worker", type=_gpus_per_worker, default=1, metavar="K",
+                   help="GPUs each worker gets (CUDA_VISIBLE_DEVICES; the pool is the GPUs "
+                        "this process sees); 0: no assignment, every worker sees them all "
+                        "(default 1; ignored without GPUs)")
     _format_arg(p)
     _storage_args(p)
     p.set_defaults(handler=cmd_study_run)
@@ -331,6 +370,15 @@ def _workers(text: str) -> int:
             f"--workers must be a whole number from 1 to {MAX_WORKERS} (got {text!r}); use about "
             f"one per core (each worker trains one trial at a time)")
     return n
+
+
+def _gpus_per_worker(text: str) -> int:
+    """``--gpus-per-worker``: a whole number from 0 to 64."""
+    if not text.isdigit() or int(text) > 64:
+        raise argparse.ArgumentTypeError(
+            f"--gpus-per-worker must be a whole number from 0 to 64 (got {text!r}): the GPUs "
+            f"each worker trains on, 0 to let every worker see all of them")
+    return int(text)
 
 
 def _file_args(p: argparse.ArgumentParser, what: str) -> None:

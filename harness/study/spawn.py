@@ -5,7 +5,9 @@ it starts N - 1 more ``harness study run`` processes on the same study, storage 
 store once the study exists (so no two processes create a schema at once). Each extra
 worker writes its lines to ``$HARNESS_HOME/logs/<study>-worker-<i>.log``. They are ordinary
 workers: every trial slot is claimed once (:func:`harness.study.storage.claim_slot`), and the
-cores are split between them (:mod:`harness.runtime.threads`).
+cores are split between them (:mod:`harness.runtime.threads`). On a machine with GPUs each
+worker gets its own (:func:`gpu_plan`: ``CUDA_VISIBLE_DEVICES`` per worker process, this
+one's included, set before CUDA starts in any of them).
 
 The extra workers die with the command: on Linux the kernel sends them SIGTERM when it
 exits in any way, SIGKILL included (``prctl(PR_SET_PDEATHSIG)``); on any platform the
@@ -62,13 +64,28 @@ def log_path(study: str, index: int) -> Path:
     return tracking.home() / "logs" / f"{study}-worker-{index}.log"
 
 
+def gpu_plan(workers: int, per_worker: int) -> tuple[list[dict[str, str]], str | None]:
+    """Each worker's ``CUDA_VISIBLE_DEVICES`` (worker 0 is this process) and the sentence that
+    says so (None on a machine without GPUs, or with ``per_worker`` 0: nothing assigned).
+    Refuses more workers than the GPUs (:func:`harness.runtime.devices.assign_gpus`)."""
+    from harness.runtime import devices
+
+    pool = devices.visible_gpus()
+    assigned = devices.assign_gpus(pool, workers, per_worker)
+    if not any(assigned):
+        return [{} for _ in range(workers)], None
+    return ([{"CUDA_VISIBLE_DEVICES": ",".join(a)} for a in assigned],
+            devices.describe_gpus(assigned))
+
+
 @contextlib.contextmanager
 def extra_workers(count: int, command: list[str], study: str, grace_s: float = 30.0,
-                  env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
+                  env: dict[str, str] | None = None, own: list[dict[str, str]] | None = None,
+                  ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start ``count`` workers running ``command`` (with ``env`` added to this process's
-    environment); on leaving, wait for them when they are finishing (the study is complete)
-    or stop them (anything else)."""
-    env = dict(os.environ, HARNESS_HOME=str(tracking.home()), **(env or {}))
+    environment, and ``own[i - 1]`` to worker ``i``'s: its GPUs); on leaving, wait for them
+    when they are finishing (the study is complete) or stop them (anything else)."""
+    common = dict(os.environ, HARNESS_HOME=str(tracking.home()), **(env or {}))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(1, count + 1):
@@ -76,7 +93,7 @@ def extra_workers(count: int, command: list[str], study: str, grace_s: float = 3
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "wb") as out:
                 procs.append(subprocess.Popen(
-                    command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    command, env={**common, **(own[i - 1] if own else {})}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None))
         yield procs
     except BaseException as exc:
