@@ -147,7 +147,8 @@ def test_the_step_probe_on_a_gpu_counts_flops_and_restarts_the_peak_after_an_eag
     probe = StepProbe(LM, step=1, compiled=True)
     trainer = SimpleNamespace(global_step=1, max_steps=5, optimizers=[], world_size=1,
                               callback_metrics={})
-    module = SimpleNamespace(device=CUDA)
+    module = torch.nn.Linear(1, 1)  # a module: the probe adds what its modules declare
+    module.device = CUDA  # type: ignore[assignment]
     batch = {"tokens": torch.zeros(2, 3, dtype=torch.long)}
     probe.on_train_batch_start(trainer, module, batch, 0)
     assert probe._memory is None  # no tensor accounting on a GPU
