@@ -91,6 +91,16 @@ def test_each_launcher_gives_the_rank_that_decides_who_records(launcher_env):
     assert check_trainer_settings(cfg(devices=1)) == 0
 
 
+def test_several_nodes_without_a_launcher_are_refused_not_awaited(launcher_env):
+    """num_nodes > 1 with nothing that starts the other nodes would wait at the rendezvous
+    forever (found by test_bad_input's drawn configs): refused before anything is recorded,
+    while a hand launch (NODE_RANK set) and torchrun/Slurm (above) plan as before."""
+    with pytest.raises(ConfigError, match="train.num_nodes is 2, but nothing started the other nodes"):
+        check_trainer_settings(cfg(devices=1, num_nodes=2))
+    launcher_env.setenv("NODE_RANK", "1")
+    assert check_trainer_settings(cfg(devices=1, num_nodes=2, strategy="ddp")) == 1
+
+
 def test_the_world_tags_of_one_process():
     import lightning as L
 

@@ -57,14 +57,24 @@ def planned_rank(trainer: Any) -> int:
 
 
 def check_launch(trainer: Any) -> None:
-    """Under torchrun, the processes it started must be the run's devices times its nodes:
-    otherwise each process would train alone (a run each) or wait for ranks that never come."""
+    """Several nodes need a launcher that starts them (torchrun, Slurm, or NODE_RANK set by
+    hand), and under torchrun the processes it started must be the run's devices times its
+    nodes: otherwise each process would train alone (a run each) or wait for ranks that never
+    come."""
     import os
 
     from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
     from harness.errors import ConfigError
 
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if trainer.num_nodes > 1 and type(env).__name__ == "LightningEnvironment" and "NODE_RANK" not in os.environ:
+        raise ConfigError(
+            f"train.num_nodes is {trainer.num_nodes}, but nothing started the other nodes: no "
+            f"torchrun, Slurm or other cluster launcher is visible, and NODE_RANK is not set, so "
+            f"this process would wait for them forever. Launch each node with torchrun "
+            f"(--nnodes {trainer.num_nodes}) or srun, or set train.num_nodes to 1 "
+            f"(docs/scaling_out.md).")
     if not TorchElasticEnvironment.detect():
         return
     launched, planned = int(os.environ["WORLD_SIZE"]), trainer.num_nodes * trainer.num_devices
