@@ -35,6 +35,11 @@ class Tag:
     RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     WARNINGS = "harness.warnings"  # legal but meaningless settings (harness.run.sanity)
+    # the machine a run trained on (harness.runtime.devices.device_tags)
+    DEVICE = "harness.device"  # the GPU's model name, or "cpu: <the CPU's model name>"
+    DEVICE_CAPABILITY = "harness.device.capability"  # CUDA compute capability, "9.0"
+    CUDA_VERSION = "harness.cuda_version"  # the CUDA torch was built with
+    DRIVER_VERSION = "harness.driver_version"  # the NVIDIA kernel driver
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run
