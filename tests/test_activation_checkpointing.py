@@ -115,3 +115,21 @@ def test_evaluation_and_decoding_run_the_block_as_it_is():
         assert len(calls) == 3
     finally:
         module.checkpoint = original  # type: ignore[assignment]
+
+
+@pytest.mark.slow
+def test_a_run_with_activation_checkpointing_trains_the_same_weights(tmp_path):
+    from harness.run.pipeline import train
+    from harness.run.trained import load
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    base = {"task": COPY, "model": MODELS["transformer"], "tracking": {"uri": store},
+            "train": {"max_steps": 3, "batch_size": 8, "val_every": 3, "progress": False, "num_threads": 1,
+                      "precision": "64-true", "micro_batch_size": 4}}
+    plain = train(base)
+    checkpointed = train({**base, "train": {**base["train"], "activation_checkpointing": True}})
+    assert checkpointed.config["train"]["activation_checkpointing"] is True
+    a, b = load(plain.run_id).model.state_dict(), load(checkpointed.run_id).model.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-12, atol=1e-14, msg=name)

@@ -233,3 +233,18 @@ def test_on_a_gpu_the_step_never_waits(monkeypatch):  # pragma: no cover - GPU o
                 system.training_step(batch, i).backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_benchmark_records_name_the_gpu_capability_cuda_and_driver(monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.bench.common import machine
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    monkeypatch.setattr(devices, "driver_version", lambda: "560.35.03")
+    line = machine("cuda")
+    assert "GPU NVIDIA H200 (141 GiB, compute capability 9.0), CUDA 12.6, driver 560.35.03" in line

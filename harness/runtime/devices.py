@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def matmul_precision(device: Any, tf32: bool | None) -> None:
         torch.set_float32_matmul_precision("highest" if tf32 is False else "high")
 
 
-def deterministic(device: Any, requested: bool | None) -> bool | str:
+def deterministic(device: Any, requested: bool | None) -> bool | Literal["warn"]:
     """Lightning's ``deterministic`` for ``train.deterministic``: unset, ``"warn"`` on the CPU
     (deterministic algorithms, which cost nothing there, and a warning where an operation has
     none) and off elsewhere (deterministic kernels slow a GPU's every step); set, as given
