@@ -185,3 +185,14 @@ def test_a_run_with_micro_batches_resumes_bit_exact(tmp_path):
     a, b = load(full.run_id).model.state_dict(), load(cut).model.state_dict()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_the_memory_check_counts_one_micro_batchs_logits():
+    from harness.run.build import task_info
+    from harness.run.resources import estimate
+
+    p = the_plan(batch_size=64)
+    info = task_info(p, build(p).task)
+    whole = estimate(p, info, lambda p, info: build(p).model)
+    micro = estimate(the_plan(batch_size=64, micro_batch_size=8), info, lambda p, info: build(p).model)
+    assert micro.logits_bytes * 8 == whole.logits_bytes and micro.state_bytes == whole.state_bytes

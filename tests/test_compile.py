@@ -17,7 +17,19 @@ from harness.bench.compile import cases, status
 #: Built-ins that break the graph or fail to compile, and why (docs/performance.md).
 KNOWN: dict[str, str] = {
     "longformer": "reads the first query and key positions (int(q_pos[0])) and the count of global "
-                  "keys on the host to build its band: a graph break per layer",
+                  "keys on the host to build its band: graph breaks in every layer",
+    "sliding_window": "reads the first query and key positions on the host to build its band: graph "
+                      "breaks in every layer",
+    "performer": "its feature-redraw counter is a Python attribute, run outside the graph "
+                 "(torch.compiler.disable): one break per layer instead of a recompile every step",
+    "reformer": "its rotation-redraw counter, as performer's: one break per layer",
+    "rnn_seq2seq": "torch.nn.utils.rnn.pack_padded_sequence, which dynamo never traces (and whose "
+                   "lengths live on the host): a graph break per call",
+    "linear": "aot_eager only: AOT autograd's backward graph views a gradient whose strides do not "
+              "allow it (RuntimeError 'view size is not compatible'); inductor compiles and trains it "
+              "without breaks or recompiles (benchmarks/compile_cpu_*.md)",
+    "gated_deltanet": "aot_eager only, as linear (the same chunked prefix-sum layout); not checked "
+                      "with inductor here",
 }
 
 CASES = cases()
