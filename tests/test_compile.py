@@ -41,6 +41,13 @@ def test_the_default_transformer_compiles_without_breaks_or_recompiles():
     assert got.graph_breaks == 0 and got.recompiles == 0, got
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["transformer", "encoder_decoder", "mlp_mixer"])
+def test_checkpointed_blocks_compile_without_breaks_or_recompiles(name):
+    got = status(CASES["models"][name], checkpointing=True)
+    assert got.clean and got.recompiles == 0, got
+
+
 def check(name: str, config: dict) -> None:
     got = status(config)
     if name in KNOWN:

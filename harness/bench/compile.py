@@ -108,13 +108,19 @@ def train_steps(p: Any, model: Any, batch: dict[str, Any], steps: int, after_eac
             after_each()
 
 
-def status(config: dict[str, Any], *, backend: str = "aot_eager", steps: int = 4) -> Status:
-    """Compile the model of ``config`` and count what dynamo did over ``steps`` steps."""
+def status(config: dict[str, Any], *, backend: str = "aot_eager", steps: int = 4,
+           checkpointing: bool = False) -> Status:
+    """Compile the model of ``config`` (its blocks checkpointed with ``checkpointing``:
+    ``train.activation_checkpointing``) and count what dynamo did over ``steps`` steps."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    from harness.nn.checkpointing import checkpoint_blocks
+
     p, model, batch = prepared(config)
+    if checkpointing:
+        checkpoint_blocks(model)
     torch._dynamo.reset()
     counters.clear()
     model.compile(backend=backend)
