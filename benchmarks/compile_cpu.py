@@ -71,6 +71,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-status", action="store_true", help="only the speed-up table")
+    parser.add_argument("--backend", default="inductor", help="the compiled side of the speed-up table")
     parser.add_argument("--out", default=None, help="record path ('-': none; default benchmarks/compile_cpu_DATE.md)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     args = parser.parse_args()
@@ -100,9 +101,9 @@ def main() -> int:
                              f"{once} | {got.get('steady_recompiles', '')} | {'yes' if clean else 'no'} | {reason} |")
                 print(lines[-1], flush=True)
         lines.append("")
-    lines += [f"## Speed-up of inductor over eager (d_model {args.d_model}, batch {args.batch} x "
+    lines += [f"## Speed-up of {args.backend} over eager (d_model {args.d_model}, batch {args.batch} x "
               f"{2 * args.length + 1} tokens, median of {args.steps} steps)", "",
-              "| family | representative | eager s/step | inductor s/step | speed-up | first compiled step s |",
+              f"| family | representative | eager s/step | {args.backend} s/step | speed-up | first compiled step s |",
               "|---|---|---|---|---|---|"]
     for family, (group, name) in FAMILIES.items():
         config = sized(all_cases[group][name], args.d_model, args.length)
@@ -110,7 +111,7 @@ def main() -> int:
             config = {**config, "model": {**config["model"], "attention": {"name": "multi_head"}}}
         job = {"what": "time", "config": config, "steps": args.steps, "batch": args.batch}
         eager = run({**job, "backend": None}, timeout=900)
-        compiled = run({**job, "backend": "inductor"}, timeout=1800)
+        compiled = run({**job, "backend": args.backend}, timeout=1800)
         if "error" in eager or "error" in compiled:
             lines.append(f"| {family} | {name} | {eager.get('step_s', eager.get('error'))} | "
                          f"{compiled.get('step_s', compiled.get('error'))} | | |")
