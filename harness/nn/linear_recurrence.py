@@ -83,7 +83,7 @@ def _chunks(x: Tensor, chunk: int) -> Tensor:
     pad = -n % chunk
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
-    return x.reshape(b, h, -1, chunk, d)  # a view where the strides allow
+    return x.view(b, h, -1, chunk, d)
 
 
 def _decays(log_decay: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

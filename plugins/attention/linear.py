@@ -97,12 +97,12 @@ def prefix_sums(fq: Tensor, fk: Tensor, v: Tensor, state: dict[str, Any] | None,
     k = fk.reshape(b * h * blocks, chunk, d)
     v1 = v1.reshape(b * h * blocks, chunk, dv + 1)
     local = torch.bmm(q, k.transpose(1, 2)).tril()  # within a block: keys at or before the query
-    sums = torch.bmm(k.transpose(1, 2), v1).reshape(b, h, blocks, d, dv + 1)  # each block's Σ φ(k)[v, 1]ᵀ
+    sums = torch.bmm(k.transpose(1, 2), v1).view(b, h, blocks, d, dv + 1)  # each block's Σ φ(k)[v, 1]ᵀ
     before = F.pad(sums[:, :, :-1], (0, 0, 0, 0, 1, 0)).cumsum(dim=2)  # every earlier block's
     if state and "kv" in state:
         before = before + torch.cat([state["kv"], state["z"].unsqueeze(-1)], dim=-1).unsqueeze(2)
     out = torch.baddbmm(torch.bmm(q, before.reshape(b * h * blocks, d, dv + 1)), local, v1)
-    out = out.reshape(b, h, blocks * chunk, dv + 1)[:, :, :n]
+    out = out.view(b, h, blocks * chunk, dv + 1)[:, :, :n]
     if state is not None:
         total = before[:, :, -1] + sums[:, :, -1]
         state["kv"], state["z"] = total[..., :dv], total[..., dv]
