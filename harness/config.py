@@ -124,7 +124,24 @@ PRECISIONS = ("auto", "32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "
 
 class TrainConfig(Strict):
     max_steps: int = Field(1000, ge=1, le=MAX_STEPS, description="optimizer steps (the budget)")
-    batch_size: int = Field(32, ge=1, le=MAX_BATCH)
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description=(
+        "examples per optimizer step (per device): the batch a budget and the data order count"))
+    # -- batches bigger than memory (harness.run.accumulate) --
+    batch_tokens: int | None = Field(
+        None, ge=1, le=2**40, exclude_if=lambda v: v is None,
+        description="the optimizer batch in input tokens (padding included), as scaling papers "
+                    "state it: batch_size = this / input tokens per training example, rounded "
+                    "(replaces batch_size, as max_flops replaces max_steps)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, le=MAX_BATCH, exclude_if=lambda v: v is None,
+        description="examples per forward and backward pass; below batch_size the gradients of "
+                    "ceil(batch_size / micro_batch_size) micro-batches accumulate into one "
+                    "optimizer step (same data, steps and budgets; the loss is normalised by the "
+                    "scored tokens of the whole batch). Unset: batch_size")
+    activation_checkpointing: bool = Field(
+        False, exclude_if=lambda v: not v,
+        description="recompute each residual block's activations in the backward pass instead of "
+                    "keeping them (torch.utils.checkpoint): less memory, about a third more compute")
     lr: float = Field(1e-3, gt=0, le=100)
     weight_decay: float = Field(0.01, ge=0, le=100, description=(
         "0.01 with adamw (decoupled decay); left unset, 0 with adam and sgd, where it is an L2 "
@@ -179,6 +196,14 @@ class TrainConfig(Strict):
         lambda v: str(v) if type(v) is int else v)] = Field(
         "auto", description="Lightning precision; auto: bf16-mixed on GPUs that support it, else "
         "32-true (bf16-mixed works on the CPU too)")
+    tf32: bool | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="TF32 tensor cores for fp32 matrix products on a GPU "
+                    "(torch.set_float32_matmul_precision('high')); unset: on with CUDA")
+    deterministic: bool | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="deterministic algorithms only (torch.use_deterministic_algorithms); unset: on "
+                    "on the CPU, where it costs nothing, off on a GPU, where it slows every step")
     compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
                           "that cannot compile fails the run with a message to turn this off")
     kernels: Literal["auto", "fla", "reference"] = Field(

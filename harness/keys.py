@@ -41,6 +41,11 @@ class Tag:
     NUM_NODES = "harness.num_nodes"
     STRATEGY = "harness.strategy"  # Lightning's strategy class: SingleDeviceStrategy, DDPStrategy, ...
     LAUNCHER = "harness.launcher"  # who started the processes: lightning, torchrun, slurm, ...
+    # the machine a run trained on (harness.runtime.devices.device_tags)
+    DEVICE = "harness.device"  # the GPU's model name, or "cpu: <the CPU's model name>"
+    DEVICE_CAPABILITY = "harness.device.capability"  # CUDA compute capability, "9.0"
+    CUDA_VERSION = "harness.cuda_version"  # the CUDA torch was built with
+    DRIVER_VERSION = "harness.driver_version"  # the NVIDIA kernel driver
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

@@ -71,3 +71,26 @@ def test_checkpoint_cpu_runs_at_its_quick_size(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert int(cells[2]) >= 2 and float(cells[3]) > 0 and float(cells[4]) > 0  # checkpoints, MB, s
+
+
+@pytest.mark.slow
+def test_batch_memory_runs_at_its_smallest_size(tmp_path):
+    out = tmp_path / "batch.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "batch_memory.py"), "--quick", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", HARNESS_HOME=str(tmp_path / "home")))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = out.read_text()
+    assert "| transformer | 1 | 8 |" in table and "| mamba | on |" in table
+
+
+@pytest.mark.slow
+def test_compile_cpu_runs_at_its_smallest_size(tmp_path):
+    out = tmp_path / "compile.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_cpu.py"), "--quick", "--backend",
+                           "aot_eager", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", HARNESS_HOME=str(tmp_path / "home")))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = out.read_text()
+    assert "| attention | multi_head | 0 | 1 | 0 | 0 | yes |" in table and "| models | gru |" in table

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.keys import Tag
+from harness.runtime import devices
 from harness.runtime.memory import proc_status_kb, reset_peak_rss
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
@@ -197,7 +199,10 @@ def machine(device: str) -> str:
         pass
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        parts.append(f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}")
+        facts = devices.device_tags(torch.device("cuda", 0))
+        driver = facts.get(Tag.DRIVER_VERSION, "unknown")
+        parts.append(f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability "
+                     f"{facts[Tag.DEVICE_CAPABILITY]}), CUDA {torch.version.cuda}, driver {driver}")
     parts.append(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
     return "; ".join(parts)
 

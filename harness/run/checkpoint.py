@@ -410,6 +410,8 @@ class Checkpointing(L.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step = trainer.global_step
+        if trainer.accumulate_grad_batches > 1 and trainer.fit_loop.epoch_loop._should_accumulate():
+            return  # within an optimizer step's micro-batches: its gradients are not applied yet
         if not self._due(step) or self._validates_at(trainer, step):
             return  # a validation step saves after its validation (on_validation_end)
         self.save(trainer, batch_idx + 1, value=None)
@@ -431,7 +433,9 @@ class Checkpointing(L.Callback):
 
     @staticmethod
     def _validates_at(trainer: Any, step: int) -> bool:
-        every = trainer.val_check_batch
+        every = trainer.val_check_batch  # in micro-batches when gradients accumulate
+        if isinstance(every, int):
+            every //= trainer.accumulate_grad_batches
         return step >= trainer.max_steps or (isinstance(every, int) and step % every == 0)
 
     def save(self, trainer: Any, consumed: int, value: float | None, best: bool = False,

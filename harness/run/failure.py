@@ -101,7 +101,8 @@ def configuration(p: Plan) -> str:
                            if isinstance(v, int | float) and not isinstance(v, bool))
         parts.append(f"{role} {comp.name}" + (f" ({params})" if params else ""))
     t = p.config.train
-    return "; ".join(parts) + f"; train.batch_size={t.batch_size}, train.precision={t.precision}"
+    micro = f", train.micro_batch_size={t.micro_batch_size}" if t.micro_batch_size else ""
+    return "; ".join(parts) + f"; train.batch_size={t.batch_size}{micro}, train.precision={t.precision}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -117,8 +118,10 @@ def describe(exc: BaseException, p: Plan, stage: str, run_id: str | None = None)
     if is_out_of_memory(exc):
         return OutOfMemory(
             f"{what} FAILED while {stage}: out of memory ({type(exc).__name__}: {_first_line(exc)}) "
-            f"with {configuration(p)}. The memory it held was released.{recorded} Lower "
-            f"train.batch_size or the model's size, or give it a device with more memory."
+            f"with {configuration(p)}. The memory it held was released.{recorded} Set "
+            f"train.micro_batch_size below train.batch_size (the same optimizer batch in smaller "
+            f"passes) or train.activation_checkpointing: true, lower the model's size, or give it "
+            f"a device with more memory."
         )
     found = blame(exc, p)
     reason = f"{type(exc).__name__}: {_first_line(exc)}".rstrip(": ")

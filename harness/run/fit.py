@@ -10,7 +10,11 @@ and state dict are unchanged) with :data:`COMPILE_BACKEND`; graph breaks fall ba
 code as ``torch.compile`` always does, and a backend that fails (no C++ compiler for
 inductor on the CPU, an unsupported operation) fails the run with a
 :class:`~harness.run.system.CompileFailed` error that says to set ``train.compile: false``.
-``train.precision``: see :func:`harness.runtime.devices.precision`.
+``train.precision``: see :func:`harness.runtime.devices.precision`; ``train.tf32`` and
+``train.deterministic``: :func:`harness.runtime.devices.matmul_precision` and
+:func:`harness.runtime.devices.deterministic`. ``train.micro_batch_size``: gradient
+accumulation (:mod:`harness.run.accumulate`), with ``val_every`` still in optimizer steps;
+``train.activation_checkpointing``: :mod:`harness.nn.checkpointing`, applied before compiling.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import lightning as L
 from lightning.pytorch.loggers import MLFlowLogger
 
 from harness.keys import Metric
+from harness.nn.checkpointing import checkpoint_blocks
 from harness.run import checkpoint, distributed
 from harness.run.build import Built
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
@@ -63,7 +68,10 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     distributed run, with no logger (not even an MLflow client: :mod:`harness.run.distributed`)."""
     t = p.config.train
     device = devices.run_device(t.accelerator)
-    dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed)
+    dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed, t.micro_batch_size)
+    if t.activation_checkpointing:
+        checkpoint_blocks(built.model)
+    devices.matmul_precision(device, t.tf32)
     if t.compile:
         built.model.compile(backend=COMPILE_BACKEND)
     system = HarnessSystem(built.model, built.task, p.fmt, t)
@@ -82,7 +90,8 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_time={"seconds": t.max_time_s} if t.max_time_s else None,  # type: ignore[dict-item]
-        val_check_interval=min(t.val_every, t.max_steps),
+        val_check_interval=min(t.val_every, t.max_steps) * dm.accumulate,  # counts micro-batches
+        accumulate_grad_batches=dm.accumulate,
         check_val_every_n_epoch=None,
         accelerator=t.accelerator,
         devices=t.devices,
@@ -101,7 +110,7 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         log_every_n_steps=max(1, min(50, t.val_every // 4)),
         num_sanity_val_steps=0,
         default_root_dir=tracking.home() / "lightning",
-        deterministic="warn" if t.accelerator != "cpu" else True,
+        deterministic=devices.deterministic(device, t.deterministic),
     )
     started = time.perf_counter()
     with warnings.catch_warnings():

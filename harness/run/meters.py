@@ -1,9 +1,12 @@
 """What a run measures about its own cost while Lightning trains and evaluates it.
 
 * :class:`Throughput`: training tokens/s (input tokens, padding included) over the steps
-  after the first ``skip`` (warm-up, compilation, the probed step), timed from each step's
-  start to its end with the device synchronised; and the share of training time spent
-  waiting for data, read from :class:`DataWait`.
+  after the first ``skip`` (warm-up, compilation, the probed step), and the share of training
+  time spent waiting for data, read from :class:`DataWait`. Time is read in windows of
+  :data:`WINDOW` training batches on a GPU (one per batch on the CPU), the device
+  synchronised only where a window opens and closes (and around validations, which no window
+  spans): the steps in between are queued without waiting for the host. Step time is the
+  windows' time less the data wait inside them.
 * :class:`DataWait`: a Lightning profiler that times only the training loader's ``next``
   and the batch's transfer to the device: ``cost/data_wait_share`` is that time over itself
   plus the steps' time.
@@ -14,7 +17,8 @@
   the counters need; its FLOPs are the same and its peak memory an upper bound of the
   compiled step's. On a GPU the allocator's high-water mark is then restarted, so that
   ``cost/peak_gpu_mem_mb`` covers the compiled steps only.
-* :class:`EvalThroughput`: tokens/s of validation batches, reset at each validation: after
+* :class:`EvalThroughput`: tokens/s of validation, timed from the first validation batch's
+  start to the last one's end (synchronised there only), reset at each validation: after
   the final evaluation it holds ``cost/eval_tokens_per_s``.
 
 Results go where Lightning sends them back from ``ddp_spawn`` workers
@@ -72,28 +76,52 @@ def _put(trainer: Any, key: str, value: float, module: Any, reduce: str | None =
     trainer.callback_metrics[key] = tensor
 
 
+#: Training batches per timing window on a GPU (see the module).
+WINDOW = 50
+
+
 class Throughput(L.Callback):
     """Training tokens/s and the data-wait share, skipping the first ``skip`` steps."""
 
-    def __init__(self, fmt: Any, wait: DataWait, skip: int = 3) -> None:
+    def __init__(self, fmt: Any, wait: DataWait, skip: int = 3, window: int | None = None) -> None:
         self.fmt, self.wait, self.skip = fmt, wait, skip
-        self.tokens, self.seconds, self._t0 = 0, 0.0, 0.0
+        self.window = window  # batches per window; None: WINDOW on a GPU, 1 on the CPU
+        self.tokens, self.seconds = 0, 0.0  # in closed windows
         self.all_tokens = 0  # every step's, for the realised compute
+        self._open: tuple[float, float, int, int] | None = None  # start, wait then, tokens, batches
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
-        devices.synchronize(module.device)
-        self._t0 = time.perf_counter()
+        if self._open is None and trainer.global_step >= self.skip:
+            devices.synchronize(module.device)
+            self._open = (time.perf_counter(), self.wait.seconds, 0, 0)
 
     def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int) -> None:
-        devices.synchronize(module.device)
-        self.all_tokens += self.fmt.tokens(batch)
-        if trainer.global_step > self.skip:
-            self.seconds += time.perf_counter() - self._t0
-            self.tokens += self.fmt.tokens(batch)
+        tokens = self.fmt.tokens(batch)
+        self.all_tokens += tokens
+        if self._open is not None:
+            started, wait, counted, batches = self._open
+            self._open = (started, wait, counted + tokens, batches + 1)
+            window = self.window or (1 if module.device.type == "cpu" else WINDOW)
+            if batches + 1 >= window:
+                self.close(module)
         self.wait.counting = trainer.global_step >= self.skip  # the next step's fetch counts
+
+    def close(self, module: Any) -> None:
+        """End the open window (the device synchronised): its step time and tokens count."""
+        if self._open is None:
+            return
+        devices.synchronize(module.device)
+        started, wait, counted, _ = self._open
+        self._open = None
+        self.seconds += time.perf_counter() - started - (self.wait.seconds - wait)
+        self.tokens += counted
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        self.close(module)
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         """Total tokens/s of every device; the data-wait share averaged over devices."""
+        self.close(module)
         _put(trainer, Metric.TOKENS_PER_S, self.tokens / self.seconds if self.seconds > 0 else 0.0,
              module, "sum")
         if self.seconds > 0:
@@ -160,19 +188,21 @@ class EvalThroughput(L.Callback):
         self.tokens, self.seconds, self._t0 = 0, 0.0, 0.0
 
     def on_validation_start(self, trainer: Any, module: Any) -> None:
-        self.tokens, self.seconds = 0, 0.0
+        self.tokens, self.seconds, self._t0 = 0, 0.0, 0.0
 
     def on_validation_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int,
                                   dataloader_idx: int = 0) -> None:
-        devices.synchronize(module.device)
-        self._t0 = time.perf_counter()
+        if not self._t0:
+            devices.synchronize(module.device)
+            self._t0 = time.perf_counter()
 
     def on_validation_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int,
                                 dataloader_idx: int = 0) -> None:
-        devices.synchronize(module.device)
-        self.seconds += time.perf_counter() - self._t0
         self.tokens += self.fmt.tokens(batch)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if self._t0:
+            devices.synchronize(module.device)
+            self.seconds = time.perf_counter() - self._t0
         if self.seconds > 0 and not trainer.sanity_checking:
             _put(trainer, Metric.EVAL_TOKENS_PER_S, self.tokens / self.seconds, module, "sum")

@@ -3,9 +3,10 @@ in a study like any other training setting, and logged with the run's config.
 
 Optimisers (``train.optimizer``): ``adamw`` (decoupled weight decay, Loshchilov & Hutter 2019),
 ``adam`` (weight decay as an L2 term in the gradient, Kingma & Ba 2015), ``sgd`` (heavy-ball
-momentum ``train.momentum``). Weight decay never applies to biases, norms' gains, embeddings,
-or parameters a module marks ``param._no_weight_decay = True`` (the convention of the Mamba
-and S4 reference code for state-space parameters such as A and Δ).
+momentum ``train.momentum``); Adam(W) fused on a GPU (:func:`use_fused`). Weight decay never
+applies to biases, norms' gains, embeddings, or parameters a module marks
+``param._no_weight_decay = True`` (the convention of the Mamba and S4 reference code for
+state-space parameters such as A and Δ).
 
 Schedules (``train.schedule``), each a factor of ``train.lr`` at optimizer step ``s`` after a
 linear warm-up over the first ``W = train.warmup_steps`` steps (factor (s + 1) / W), with
@@ -52,6 +53,13 @@ def decays(name: str, param: Any) -> bool:
     return param.dim() >= 2 and "embed" not in name and "norm" not in name
 
 
+def use_fused(params: list[Any]) -> bool:
+    """Whether Adam(W) runs fused (one kernel for every parameter's update, no per-parameter
+    launches): when every parameter is a floating-point CUDA tensor. Elsewhere torch's
+    default (``foreach``) runs; the arithmetic is the same."""
+    return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
+
+
 def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
     """The optimiser and the per-step LambdaLR scheduler a :class:`TrainConfig` asks for."""
     import torch
@@ -63,10 +71,11 @@ def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
             (decay if decays(name, p) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    fused = {"fused": True} if use_fused(decay + no_decay) else {}
     if cfg.optimizer == "adamw":
-        opt: Any = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        opt: Any = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "adam":
-        opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas)
+        opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "sgd":
         opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
     else:

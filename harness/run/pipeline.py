@@ -28,6 +28,7 @@ from harness.errors import ConfigError, HarnessError, Interrupted, RunFailed
 from harness.keys import Metric, Tag
 from harness.registry.specs import Registry
 from harness.run import distributed, failure
+from harness.run.accumulate import with_batch_tokens
 from harness.run.build import build, build_model
 from harness.run.plan import Plan, load_registry, plan
 from harness.run.record import (
@@ -40,7 +41,7 @@ from harness.run.record import (
 )
 from harness.run.resources import check_data, check_memory
 from harness.run.sanity import meaningless
-from harness.runtime.devices import run_device
+from harness.runtime.devices import device_tags, run_device
 from harness.runtime.memory import PeakMemory
 from harness.store import tracking
 from harness.store.masking import mask_url
@@ -111,7 +112,7 @@ def train(
         tracking.preflight(cfg.tracking.uri)
     p = plan(cfg, load_registry(cfg, registry))
     rank = check_trainer_settings(cfg)
-    p = with_budget_steps(p)
+    p = with_budget_steps(with_batch_tokens(p))
     warned = meaningless(p)
     for text in warned if parent_run_id is None and not rank else ():  # a study says them once
         print(f"warning: {text}", file=sys.stderr, flush=True)
@@ -215,11 +216,12 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         if extra_tags:  # first: a study's reconcile reads them once the run is RUNNING
             tracker.set_tags(run_id, extra_tags)
         reopen(tracker, resume)
+        tracker.set_tags(run_id, device_tags(device))  # it may continue on another device
     else:
         run_id = tracker.start_run(
             cfg.tracking.experiment, run_name=run_name,
             parent_run_id=parent_run_id,
-            tags={**provenance_tags(p), **cfg.tracking.tags, **extra_tags},
+            tags={**provenance_tags(p), **device_tags(device), **cfg.tracking.tags, **extra_tags},
         )
     status = "FAILED"
     metrics: dict[str, float] = {}

@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.data.tasks import TaskInfo
 from harness.errors import HarnessError, OutOfMemory, shorten
+from harness.run.accumulate import accumulation
 from harness.run.failure import configuration, is_out_of_memory
 from harness.run.plan import Plan
 
@@ -97,7 +98,7 @@ def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], An
     state = 4 * (params * (2 + _optimizer_factor(p)) + buffers)
     width = info.num_classes if info.num_classes else info.vocab_size
     length = 1 if info.format in ("classification", "seq2seq") else info.max_length
-    logits = 2 * 4 * p.config.train.batch_size * length * width
+    logits = 2 * 4 * accumulation(p.config.train)[0] * length * width  # one micro-batch's
     return Estimate(params, state, logits)
 
 
@@ -182,7 +183,8 @@ def check_memory(p: Plan, info: TaskInfo, device: Any,
         f"the run needs at least {est.total / GiB:,.1f} GiB but {room / GiB:,.1f} GiB of {where} "
         f"is available: {est.parameters:,} parameters need {est.state_bytes / GiB:,.1f} GiB "
         f"(weights, gradients, {p.config.train.optimizer} state) and one batch's logits "
-        f"{est.logits_bytes / GiB:,.1f} GiB (train.batch_size={p.config.train.batch_size}, "
+        f"{est.logits_bytes / GiB:,.1f} GiB ({accumulation(p.config.train)[0]} examples per pass, "
         f"length {info.max_length}, {info.num_classes or info.vocab_size} classes). Nothing "
-        f"was trained or recorded. Lower the model's size or train.batch_size."
+        f"was trained or recorded. Lower the model's size, or set train.micro_batch_size below "
+        f"train.batch_size (gradient accumulation: the same optimizer batch in smaller passes)."
     )

@@ -1,10 +1,19 @@
 """One task-agnostic LightningModule (the *system*) and the DataModule that feeds it.
 
 The model is a plain ``nn.Module`` built from the registry; the system owns the loss
-(cross-entropy over the task's scored positions), optimisation (:mod:`harness.run.optim`), the non-finite-loss guard and metric logging. Validation runs one
-dataloader per evaluation length and logs ``val/<metric>_len<length>`` (MLflow forbids ``@``
-in metric names); the training length is also logged without suffix (``val/acc``), which is
-what studies optimise by default.
+(cross-entropy over the task's scored positions), optimisation (:mod:`harness.run.optim`),
+the non-finite-loss guard and metric logging. Validation runs one dataloader per evaluation
+length and logs ``val/<metric>_len<length>`` (MLflow forbids ``@`` in metric names); the
+training length is also logged without suffix (``val/acc``), which is what studies optimise
+by default.
+
+**A training step that never waits for the host.** The loss is computed with masked
+operations over every position (boolean indexing would ask the device how many positions are
+scored), and the finiteness guard keeps a flag on the device: the first step whose loss was
+not finite and its value, read every :data:`CHECK_EVERY` steps on a GPU (every step on the
+CPU, where reading costs nothing), before each validation and when training ends. A run that
+diverges on a GPU therefore stops up to ``CHECK_EVERY`` steps later, naming the step where it
+diverged. ``tests/test_host_sync.py`` counts the host round trips of a few training steps.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from harness.data.formats import BatchFormat
 from harness.data.tasks import Task
 from harness.errors import HarnessError
 from harness.keys import Metric, val_key
+from harness.run.accumulate import BATCH_TOKENS, MicroBatches, accumulation, has_length, sizes
 from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
 from harness.run.order import ShuffledOrder
@@ -30,6 +40,10 @@ from harness.run.order import ShuffledOrder
 
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+#: How often (optimizer steps) a GPU run reads its on-device non-finite-loss flag.
+CHECK_EVERY = 50
 
 
 class CompileFailed(HarnessError):
@@ -41,9 +55,12 @@ class HarnessDataModule(L.LightningDataModule):
     (:mod:`harness.run.batches`), else a ``DataLoader``; validation from ``DataLoader``s.
     Loaders pin host memory when the device is a GPU (the copy is then asynchronous)."""
 
-    def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int) -> None:
+    def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int,
+                 micro_batch_size: int | None = None) -> None:
         super().__init__()
         self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
+        #: rows per forward pass and micro-batches per optimizer step (harness.run.accumulate)
+        self.micro, self.accumulate = sizes(batch_size, micro_batch_size)
         self.val_lengths: list[int] = [task.train_length]
         self._collate = partial(fmt.collate, task_kind=task.task_kind)
         self.on_device = False  # whether the training split lives on the device
@@ -82,7 +99,19 @@ class HarnessDataModule(L.LightningDataModule):
         return self._resumed(loader)
 
     def _resumed(self, loader: Any) -> Any:
-        """``loader``, at the position of the checkpoint a resumed run continues from."""
+        """``loader``, at the position of the checkpoint a resumed run continues from, cut
+        into micro-batches when the run accumulates gradients."""
+        if self.accumulate > 1:
+            rank, world = self._rank_world()
+            if isinstance(loader, DataLoader) and world > 1:
+                raise HarnessError(
+                    "train.micro_batch_size with several devices needs the training split on the "
+                    "device (it is too large here, or its format cannot be collated at once); "
+                    "train on one device, or without train.micro_batch_size.")
+            rows = (loader.per_rank if isinstance(loader, DeviceBatches) else
+                    len(self.train_order) if has_length(loader) else None)
+            loader = self.train_order = MicroBatches(loader, self.train_order, self.fmt, self.micro,
+                                                     self.accumulate, rows, self.batch_size)
         if self.resume_order is not None and hasattr(self.train_order, "load_state_dict"):
             self.train_order.load_state_dict(self.resume_order)
         return loader
@@ -99,27 +128,38 @@ class HarnessDataModule(L.LightningDataModule):
 def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0,
                  token_bytes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Loss and counts over the scored positions of a batch; with ``token_bytes`` (per id,
-    the UTF-8 bytes it stands for) also the bytes of the scored targets' text."""
+    the UTF-8 bytes it stands for) also the bytes of the scored targets' text.
+
+    ``loss`` is the mean over the scored positions, ``loss_sum`` its sum (what accumulation
+    normalises by the whole optimizer batch's tokens). Masked operations only: no boolean
+    indexing, so no host round trip (see the module)."""
     mask = batch["loss_mask"]
     targets = batch["targets"]
-    flat_logits = logits[mask].float()
-    flat_targets = targets[mask]
-    nll = F.cross_entropy(flat_logits, flat_targets, reduction="sum")
-    loss = F.cross_entropy(flat_logits, flat_targets, label_smoothing=label_smoothing)
+    picked = targets.masked_fill(~mask, 0)  # any valid class where nothing is scored
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    flat_logits, flat_targets = wide.reshape(-1, wide.shape[-1]), picked.reshape(-1)
+    flat_mask = mask.reshape(-1)
+    zero = flat_logits.new_zeros(())
+    nll = torch.where(flat_mask, F.cross_entropy(flat_logits, flat_targets, reduction="none"), zero).sum()
+    loss_sum = nll if not label_smoothing else torch.where(flat_mask, F.cross_entropy(
+        flat_logits, flat_targets, label_smoothing=label_smoothing, reduction="none"), zero).sum()
+    tokens = mask.sum()
+    loss = loss_sum / tokens.clamp(min=1)
     pred = logits.argmax(-1)
     correct = (pred == targets) & mask
     # a sequence is exact when every scored position is right (classification: the label)
     exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
     out = {
         "loss": loss,
+        "loss_sum": loss_sum,
         "nll_sum": nll.detach(),
-        "tokens": mask.sum(),
+        "tokens": tokens,
         "correct": correct.sum(),
         "exact": exact,
         "sequences": torch.tensor(mask.shape[0]),
     }
     if token_bytes is not None:
-        out["bytes"] = token_bytes[flat_targets].sum()
+        out["bytes"] = torch.where(mask, token_bytes[picked], 0).sum()
     return out
 
 
@@ -130,6 +170,11 @@ class HarnessSystem(L.LightningModule):
         self.val_lengths: list[int] = [task.train_length]
         self._sums: dict[int, dict[str, Any]] = {}
         self._token_bytes: torch.Tensor | None = None  # on the device, made at first use
+        self.accumulate = accumulation(cfg)[1]
+        #: steps between reads of the non-finite flag (None: every step on the CPU, else
+        #: CHECK_EVERY); the first non-finite step and loss, on the device (-1: none yet)
+        self.check_every: int | None = None
+        self._diverged: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -152,18 +197,47 @@ class HarnessSystem(L.LightningModule):
             batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
         stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
         loss = stats["loss"]
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"training loss became {loss.item()} at step {self.global_step}; lower the "
-                f"learning rate, raise warm-up, or enable gradient clipping."
-            )
+        self._watch(loss)
         bs = batch["targets"].shape[0]
         self.log(Metric.TRAIN_LOSS, loss, on_step=True, prog_bar=True, batch_size=bs)
         acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
         self.log(Metric.TRAIN_ACC, acc, on_step=True, batch_size=bs)
-        return loss
+        total = batch.get(BATCH_TOKENS)
+        if total is None:
+            return loss
+        # a micro-batch: its share of the whole batch's token mean; Lightning divides what
+        # training_step returns by the micro-batches per step, which this undoes
+        return stats["loss_sum"] / total.clamp(min=1) * self.accumulate
+
+    def _watch(self, loss: torch.Tensor) -> None:
+        """Note the first non-finite loss on the device; read the note when due (see module)."""
+        value = loss.detach().to(torch.float64)
+        if self._diverged is None:
+            self._diverged = (torch.full((), -1, dtype=torch.long, device=value.device), torch.zeros_like(value))
+        step, first = self._diverged
+        new = (step < 0) & ~torch.isfinite(value)
+        self._diverged = (torch.where(new, self.global_step, step), torch.where(new, value, first))
+        every = self.check_every or (1 if self.device.type == "cpu" else CHECK_EVERY)
+        if (self.global_step + 1) % every == 0:
+            self.check_finite()
+
+    def check_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` if a training loss so far was not finite (one read)."""
+        if self._diverged is None:
+            return
+        step, value = (float(v) for v in torch.stack([t.to(torch.float64) for t in self._diverged]).tolist())
+        if step >= 0:
+            raise TrainingDiverged(
+                f"training loss became {value} at step {int(step)}; lower the learning rate, "
+                f"raise warm-up, or enable gradient clipping."
+            )
+
+    def on_train_end(self) -> None:
+        self.check_finite()
 
     def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "fit":
+            self.check_finite()
         # validation draws from the global generator (each DataLoader's base seed): put its
         # state back afterwards, so training continues the same whether or not a validation
         # ran in between (a run resumed from a checkpoint is then bit-exact)

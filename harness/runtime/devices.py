@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from harness.errors import HarnessError
 
@@ -57,6 +57,48 @@ def device_name(device: Any) -> str:
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
     return str(device.type)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (``550.54.15``) from ``/proc/driver/nvidia/version``
+    (Linux), or None where there is none to read."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
+
+
+def device_tags(device: Any) -> dict[str, str]:
+    """What a run records about the device it trained on (:class:`harness.keys.Tag`): the
+    GPU's name, compute capability, the CUDA version torch was built with and the driver's
+    version; on the CPU, the CPU's model name."""
+    import torch
+
+    from harness.keys import Tag
+
+    if device.type != "cuda":
+        return {Tag.DEVICE: f"{device.type}: {cpu_name()}"}
+    major, minor = torch.cuda.get_device_capability(device)
+    tags = {Tag.DEVICE: device_name(device), Tag.DEVICE_CAPABILITY: f"{major}.{minor}",
+            Tag.CUDA_VERSION: str(torch.version.cuda)}
+    driver = driver_version()
+    if driver:
+        tags[Tag.DRIVER_VERSION] = driver
+    return tags
 
 
 def peak_for(name: str) -> DevicePeak | None:
@@ -106,6 +148,26 @@ def precision(requested: str, device: Any) -> str:
     if requested != "auto":
         return requested
     return "bf16-mixed" if supports_bf16(device) else "32-true"
+
+
+def matmul_precision(device: Any, tf32: bool | None) -> None:
+    """TF32 tensor cores for fp32 matrix products on a GPU (``train.tf32``; None: on), set
+    for the whole process each time a run starts (a study worker's trials may differ); the
+    CPU's setting is left as it is."""
+    import torch
+
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("highest" if tf32 is False else "high")
+
+
+def deterministic(device: Any, requested: bool | None) -> bool | Literal["warn"]:
+    """Lightning's ``deterministic`` for ``train.deterministic``: unset, ``"warn"`` on the CPU
+    (deterministic algorithms, which cost nothing there, and a warning where an operation has
+    none) and off elsewhere (deterministic kernels slow a GPU's every step); set, as given
+    (``true`` refuses an operation without a deterministic algorithm)."""
+    if requested is not None:
+        return requested
+    return "warn" if device.type == "cpu" else False
 
 
 def synchronize(device: Any) -> None:

@@ -129,6 +129,16 @@ class PerformerAttention(RunningSumAttention):  # same shape as linear.py by des
         """Draw a fresh feature matrix (on the buffer's device, from torch's generator)."""
         self.features.copy_(orthogonal_gaussian(*self.features.shape, device=self.features.device))
 
+    @torch.compiler.disable
+    def count_training_call(self) -> None:
+        """Count a training forward pass and redraw when due. A Python counter, so it runs
+        outside compiled graphs: under ``torch.compile`` that is one graph break per layer,
+        where tracing it would recompile the layer at every step (the counter is a constant
+        to dynamo) until the recompile limit turned compilation off."""
+        self.training_calls += 1
+        if self.redraw_every and self.training_calls % self.redraw_every == 0:
+            self.redraw()
+
     def state_size(self, length: int) -> int:
         """Σφ(k)vᵀ (m x d_v), Σφ(k) (m) and the key stabiliser (1), per head."""
         return 0 if length == 0 else self.num_heads * (self.num_features * (self.v_dim + 1) + 1)
@@ -146,9 +156,7 @@ class PerformerAttention(RunningSumAttention):  # same shape as linear.py by des
                state=None, cross=False):
         self.check_call(bias=bias, need_weights=need_weights, state=state, cross=cross)
         if self.training and state is None:
-            self.training_calls += 1
-            if self.redraw_every and self.training_calls % self.redraw_every == 0:
-                self.redraw()
+            self.count_training_call()
         dropping = self.training and bool(self.dropout)
         fq = self.query_features(q)
         memo = state if (cross and state is not None and not dropping) else None

@@ -133,6 +133,15 @@ class ReformerAttention(Attention):
     def redraw(self) -> None:
         self.rotations.normal_()
 
+    @torch.compiler.disable
+    def count_training_call(self) -> None:
+        """Count a training forward pass and redraw when due: a Python counter, run outside
+        compiled graphs (one graph break per layer; traced, the counter would be a constant
+        that recompiles the layer every step until the recompile limit)."""
+        self.training_calls += 1
+        if self.redraw_every and self.training_calls % self.redraw_every == 0:
+            self.redraw()
+
     @torch.no_grad()
     def hash(self, keys: Tensor) -> Tensor:
         """Bucket of each key in each round: (B, H, L, d) -> (B, H, R, L)."""
@@ -162,9 +171,7 @@ class ReformerAttention(Attention):
             dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
             return dropped @ v, (weights if need_weights else None)
         if state is None and self.training:
-            self.training_calls += 1
-            if self.redraw_every and self.training_calls % self.redraw_every == 0:
-                self.redraw()
+            self.count_training_call()
         if state is not None and "buckets" in state:
             if not causal:
                 raise ValueError("cached (incremental) self-attention is causal; call it with causal=True.")

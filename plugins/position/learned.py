@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import torch
 from torch import Tensor, nn
 
 from harness.plugin import FloatRange, Ge, Gt, PositionScheme, PositionSpec, hookimpl
@@ -46,6 +47,12 @@ class LearnedPositions(PositionScheme):
         nn.init.normal_(self.table.weight, std=config.init_std)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and (torch.compiler.is_compiling() or positions.device.type != "cpu"):
+            # checked on the device: reading the largest position would make the host wait
+            # (every step on a GPU) and break a compiled graph
+            torch._assert_async(positions.max() < self.table.num_embeddings,
+                                "learned positions: a position past the table was asked for")
+            return x + self.table(positions).to(x.dtype)
         last = int(positions.max()) if positions.numel() else -1
         if last >= self.table.num_embeddings:
             raise ValueError(
