@@ -35,6 +35,8 @@ class Tag:
     RESUMED = "harness.resumed_from_step"  # the checkpoint step the run last resumed from
     NOT_APPLICABLE = "harness.not_applicable_lengths"  # lengths the model cannot run
     WARNINGS = "harness.warnings"  # legal but meaningless settings (harness.run.sanity)
+    DATA = "harness.data"  # what the task read (Task.data_summary): a user's corpus or files
+    DATA_PARAMS = "harness.data_params"  # the task params that summary replaces (comma list)
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

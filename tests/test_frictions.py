@@ -1,0 +1,187 @@
+"""Issue 34's first-hour frictions, each on what a newcomer meets: the verdict carries the
+handicaps the report detects (tuned values at a range edge, parameter counts apart, failed
+seeds, an objective saturated at its bound), the report names the data a corpus study read,
+and the smaller messages (CLI and study) that said too little."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_report import candidate, protocol
+
+from harness.report.collect import with_data
+from harness.report.document import document
+from harness.report.render import headline, render_markdown, short_verdict
+from harness.report.verdict import analyze
+
+
+def spread(name: str, mu: float, n: int = 7, sd: float = 0.01, **kw):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    return candidate(name, {s: float(mu + rng.normal(0, sd)) for s in range(1, n + 1)}, **kw)
+
+
+# -- 2: caveats in the verdict's first line and the parent run's title ------------------------
+def test_handicaps_the_report_detects_lead_the_verdict_and_the_title():
+    a, b, c = spread("a", 0.9), spread("b", 0.8, params=12_000), spread("c", 0.7)
+    a.edges = ["train.lr 0.0098 in the top tenth of [0.001, 0.01], log scale"]
+    b.edges = ["train.lr 0.0011 in the bottom tenth of [0.001, 0.01], log scale",
+               "train.weight_decay 0.099 in the top tenth of [0, 0.1]"]
+    c.failed_seeds = {8: "TrainingDiverged: training loss became nan at step 97"}
+    results = [a, b, c]
+    proto = protocol(7, baseline="a")
+    verdict = analyze(results, proto)
+    text = headline(results, verdict, proto)
+    first = text.split(". Read the verdict below with them.")[0]
+    assert first.startswith("**Caveats:** ")
+    assert "the tuned lr, weight_decay of 2 of 3 candidates (a, b) sit at the edge" in first
+    assert "parameter counts differ by up to 20% (10,000 to 12,000)" in first
+    assert "confirmation seeds failed (c 1 of 8)" in first
+    title = short_verdict(results, verdict)
+    assert title.startswith("best: a (a ")
+    assert title.endswith("; caveats: lr/weight_decay at range edge (2 of 3), params differ 20%, "
+                          "failed seeds: c 1/8")
+    md = render_markdown(document(results, verdict, proto))
+    assert md.split("## Verdict\n\n")[1].startswith("**Caveats:** the tuned lr")
+
+
+def test_a_study_without_handicaps_has_no_caveat():
+    results = [spread("a", 0.9), spread("b", 0.8)]
+    proto = protocol(7, baseline="a")
+    verdict = analyze(results, proto)
+    assert verdict.caveats == []
+    assert "Caveats" not in headline(results, verdict, proto)
+    assert "caveats" not in short_verdict(results, verdict)
+
+
+def test_params_off_the_target_are_a_caveat_only_past_the_tolerance():
+    results = [spread("a", 0.9, params=10_400), spread("b", 0.8, params=9_700)]
+    verdict = analyze(results, protocol(7, baseline="a", param_target=10_000))
+    assert verdict.caveats == []  # 4% and 3%: within 5%
+    results = [spread("a", 0.9, params=10_600), spread("b", 0.8, params=9_700)]
+    verdict = analyze(results, protocol(7, baseline="a", param_target=10_000))
+    assert [short for short, _ in verdict.caveats] == ["params off target (1)"]
+    assert "a misses budget.params by more than 5%" in verdict.caveats[0][1]
+
+
+# -- 3: an objective at its ceiling points to the metric that still separates ------------------
+def test_an_objective_at_its_ceiling_for_several_candidates_points_to_the_longest_length():
+    ones = dict.fromkeys(range(1, 8), 1.0)
+    at16 = {"rope": [0.12] * 7, "sinusoidal": [0.2 + 0.01 * i for i in range(7)],
+            "nope": [0.4] * 7}
+    at24 = {"rope": [0.1] * 7, "sinusoidal": [0.15] * 7, "nope": [0.3] * 7}
+    lengths = (12, 16, 24)
+
+    def cand(name, values):
+        return candidate(name, values, lengths={12: list(values.values()), 16: at16[name],
+                                                24: at24[name]})
+
+    results = [cand("rope", ones), cand("sinusoidal", dict(ones)),
+               cand("nope", {s: 0.55 + 0.01 * s for s in range(1, 8)})]
+    for r in results:  # the objective is at length 12 here
+        for s in r.seeds:
+            s.metrics["val/acc_len12"] = s.value
+    proto = protocol(7, baseline="sinusoidal", length=12, train_length=12, lengths=lengths)
+    verdict = analyze(results, proto)
+    assert verdict.saturated == ["rope", "sinusoidal"] and verdict.separating_length == 24
+    text = headline(results, verdict, proto)
+    assert ("the objective is saturated: rope, sinusoidal score val/acc @12 = 1 on every seed, "
+            "so it cannot rank them; val/acc at length 24 still separates them") in text
+    assert "objective saturated (2 at 1)" in short_verdict(results, verdict)
+    # one candidate at the ceiling is not a saturated objective: it is simply best
+    results[1] = cand("sinusoidal", {s: 0.9 + 0.001 * s for s in range(1, 8)})
+    assert analyze(results, proto).saturated == []
+
+
+def test_a_floor_counts_as_saturation_too_and_no_separating_length_is_said():
+    zeros = dict.fromkeys(range(1, 8), 0.0)
+    results = [candidate("a", zeros), candidate("b", dict(zeros))]
+    for r in results:
+        r.seeds = [type(s)(s.seed, s.run_id, s.value, {**s.metrics, "val/loss_len16": 0.0})
+                   for s in r.seeds]
+    proto = protocol(7, baseline="a", metric="loss", maximize=False)
+    verdict = analyze(results, proto)
+    assert verdict.saturated == ["a", "b"] and verdict.separating_length is None
+    assert "no evaluation length separates them either" in headline(results, verdict, proto)
+
+
+# -- 1: the data a corpus study read, not the task's default params ---------------------------
+def test_the_protocol_names_the_data_read_in_place_of_the_params_that_point_to_it():
+    from harness.report.render import protocol_text
+    from harness.study.schema import parse_study_config
+
+    cfg = parse_study_config({
+        "name": "c", "task": {"name": "corpus_lm", "params": {
+            "source": "shakespeare", "tokenizer": "bytes", "length": 64, "path": "corpora/py"}},
+        "candidates": [{"name": "a", "model": {"name": "transformer"}},
+                       {"name": "b", "model": {"name": "transformer"}}],
+        "objective": {"metric": "bpb"}, "budget": {"trials": 1, "steps": 10}})
+    a, b = spread("a", 2.0), spread("b", 2.1)
+    read = ("prepared corpus /data/corpora/py (manifest sha256 0123456789ab): 12 source file(s), "
+            "240,000 bytes (ast.py, os.py, re.py, 9 more); tokenizer bpe:1024 (1024 tokens); "
+            "train/val/test 80,000/4,000/4,100 tokens")
+    for r in (a, b):
+        r.data, r.data_params = read, ("path", "source", "tokenizer")
+    proto = with_data(protocol(7, baseline="a", metric="bpb", maximize=False), [a, b], cfg)
+    verdict = analyze([a, b], proto)
+    text = protocol_text(proto, verdict)
+    assert text.startswith(f"Task corpus_lm {{'length': 64}}; data read: {read}.")
+    assert "shakespeare" not in text
+    md = render_markdown(document([a, b], verdict, proto))
+    assert f"Data read: {read}." in md.split("## Verdict")[0]
+    # candidates that read different folders are named each with theirs
+    b.data = read.replace("/py", "/py-bytes")
+    both = with_data(protocol(7), [a, b], cfg)
+    assert f"a: {read}; b: {b.data}" in both.task
+
+
+def test_a_relative_data_path_is_made_absolute_when_the_study_is_created(tmp_path, monkeypatch):
+    """``--set task.params.path=corpora/mine`` names the folder under the working folder of
+    the command that created the study, whatever folder a worker or the report runs in."""
+    import yaml
+
+    from harness.study.schema import load_study_config
+
+    (tmp_path / "corpora" / "mine").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text("{}\n")
+    study = {"task": {"name": "corpus_lm", "params": {"source": "shakespeare",
+                                                      "tokenizer": "bpe:1024"}},
+             "candidates": [{"name": "a", "model": {"name": "transformer"}},
+                            {"name": "b", "model": {"name": "transformer"},
+                             "task": {"train": "data/*.jsonl", "tokenizer": "tok.json"}}],
+             "objective": {"metric": "bpb"}, "budget": {"trials": 1, "steps": 10}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_study_config("s.yaml", overrides=["task.params.path=corpora/mine"])
+    assert cfg.task.params["path"] == str(tmp_path / "corpora" / "mine")
+    assert cfg.task.params["source"] == "shakespeare" and cfg.task.params["tokenizer"] == "bpe:1024"
+    assert cfg.candidates[1].task["train"] == str(tmp_path / "data" / "*.jsonl")
+    assert cfg.candidates[1].task["tokenizer"] == "tok.json", "no such file: a name, left alone"
+
+
+def test_a_corpus_run_records_what_it_read_and_scores_a_small_split_whole(tmp_path, registry, capsys):
+    """A small corpus with the default eval_tokens (16,384) trains: the run prints one
+    warning line, tags it, and records the manifest it read (``harness.data``)."""
+    import json
+
+    import harness
+    from harness.data.prepare import prepare
+    from harness.keys import Tag
+    from harness.store.tracking import Tracker
+
+    src = tmp_path / "small.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(300)))
+    prepare([src], tmp_path / "small", tokenizer="bytes", workers=1, progress=False)
+    cfg = {"task": {"name": "corpus_lm", "params": {"path": str(tmp_path / "small"), "length": 16}},
+           "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2},
+                     "position": {"name": "none"}},
+           "train": {"max_steps": 2, "batch_size": 2, "val_every": 2, "warmup_steps": 0,
+                     "num_threads": 1, "progress": False, "log_attention": False},
+           "tracking": {"experiment": "small-corpus"}}
+    result = harness.train(cfg, registry=registry)
+    assert result.status == "FINISHED"
+    tags = Tracker().client.get_run(result.run_id).data.tags
+    assert "the whole split is scored" in tags[Tag.WARNINGS]
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "whole split" in line]
+    assert line.startswith("warning: ") and "eval_tokens 16,384 is more than the val and test" in line
+    assert tags[Tag.DATA].startswith(f"prepared corpus {(tmp_path / 'small').resolve()} (manifest")
+    assert tags[Tag.DATA_PARAMS] == "path,source,tokenizer"
