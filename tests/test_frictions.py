@@ -6,6 +6,7 @@ and the smaller messages (CLI and study) that said too little."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from test_report import candidate, protocol
 
 from harness.report.collect import with_data
@@ -185,3 +186,55 @@ def test_a_corpus_run_records_what_it_read_and_scores_a_small_split_whole(tmp_pa
     assert line.startswith("warning: ") and "eval_tokens 16,384 is more than the val and test" in line
     assert tags[Tag.DATA].startswith(f"prepared corpus {(tmp_path / 'small').resolve()} (manifest")
     assert tags[Tag.DATA_PARAMS] == "path,source,tokenizer"
+
+
+# -- 4: a run prints its id at the start, a resumed run its step, the bar its real total --------
+@pytest.mark.slow  # two real runs through the CLI: about 20 s on a loaded 2-core machine
+def test_train_prints_its_run_id_first_and_a_resumed_run_its_step_and_real_total(tmp_path, monkeypatch, capsys):
+    import lightning as L
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from harness.cli.main import main
+    from harness.errors import Interrupted
+
+    class StopAt(L.Callback):  # Ctrl-C after step 7: the run ends KILLED, resumable
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 7:
+                raise Interrupted()
+
+    monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = {"task": {"name": "copy", "params": {"length": 4, "vocab": 4, "num_train": 40, "num_val": 8}},
+           "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2}},
+           "train": {"max_steps": 12, "batch_size": 8, "val_every": 4, "num_threads": 1,
+                     "checkpoint_every": 3, "warmup_steps": 2, "log_attention": False},
+           "tracking": {"uri": store}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    from harness.run import console
+
+    original = console.Announce.on_train_start
+
+    def then_stop(self, trainer, pl_module):  # the CLI's own callbacks, plus a Ctrl-C at step 7
+        original(self, trainer, pl_module)
+        trainer.callbacks.append(StopAt())
+
+    monkeypatch.setattr(console.Announce, "on_train_start", then_stop)
+    assert main(["train", str(tmp_path / "run.yaml")]) == 130
+    out = capsys.readouterr().out
+    client = MlflowClient(store)
+    [run] = client.search_runs([client.get_experiment_by_name("harness").experiment_id])
+    cut = run.info.run_id
+    first = next(line for line in out.splitlines() if cut in line)
+    assert first.startswith(f"run {cut} started (12 steps, a checkpoint every 3)")
+    assert f"continue it with `harness train --resume {cut}`" in first
+    assert out.index(first) < out.index("training steps"), "the id comes before the bar"
+    monkeypatch.setattr(console.Announce, "on_train_start", original)
+    assert main(["train", "--resume", cut, "--tracking-uri", store]) == 0
+    out = capsys.readouterr().out
+    step = int(client.get_run(cut).data.tags["harness.resumed_from_step"])
+    assert f"run {cut}: resumed from its checkpoint at step {step} of 12 steps" in out
+    bar = [part for part in out.replace("\r", "\n").splitlines() if part.startswith("training steps")]
+    assert bar and f"{step}/12" in bar[0] and "12/12" in bar[-1]
+    assert not [part for part in bar if "/?" in part] and "Training:" not in out
+    assert not [part for part in bar if " 0/12" in part], "a resumed bar starts at its step"

@@ -146,10 +146,11 @@ def _train(args: argparse.Namespace) -> int:
     tracking.preflight(cfg.tracking.uri)  # seconds, before torch is imported
 
     from harness.run.checkpoint import stop_on_sigusr1
+    from harness.run.console import Announce
     from harness.run.pipeline import train
 
     with stop_on_sigusr1():
-        result = train(cfg)
+        result = train(cfg, callbacks=[Announce(cfg.train.checkpoint_every)])
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
     for key in sorted(result.metrics):
         print(f"  {key:<32} {result.metrics[key]:.4f}")
@@ -172,9 +173,11 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.tracking_uri:
             cfg.tracking.uri = args.tracking_uri
     from harness.run.checkpoint import stop_on_sigusr1
+    from harness.run.console import Announce
 
     with stop_on_sigusr1():
-        result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri)
+        result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri,
+                       callbacks=[Announce()])
     print(f"\nrun {result.run_id} {result.status} (resumed); {result.num_params:,} parameters")
     for key in sorted(result.metrics):
         print(f"  {key:<32} {result.metrics[key]:.4f}")

@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from harness.keys import Metric
 from harness.run import checkpoint
 from harness.run.build import Built
+from harness.run.console import StepBar
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import Resume, ResumedLogger
@@ -85,7 +86,8 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
         gradient_clip_val=t.grad_clip,
         logger=logger,
-        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *callbacks],
+        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *callbacks,
+                   *([StepBar()] if t.progress else [])],
         profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,
