@@ -238,3 +238,48 @@ def test_train_prints_its_run_id_first_and_a_resumed_run_its_step_and_real_total
     assert bar and f"{step}/12" in bar[0] and "12/12" in bar[-1]
     assert not [part for part in bar if "/?" in part] and "Training:" not in out
     assert not [part for part in bar if " 0/12" in part], "a resumed bar starts at its step"
+
+
+# -- 6: messages that name what is wrong first --------------------------------------------------
+def test_a_glob_of_unsupported_files_names_the_supported_suffixes(tmp_path):
+    from harness.data.readers import resolve_sources
+    from harness.errors import ConfigError
+
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("print(1)\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_sources([str(tmp_path / "*.py")])
+    text = str(err.value)
+    assert "matched 2 file(s), none in a format the harness reads (.py;" in text
+    assert "supported: .txt, .jsonl, .json, .csv, .parquet, .arrow" in text
+    assert "quote it" not in text
+    with pytest.raises(ConfigError, match="matched no file .supported: .txt"):
+        resolve_sources([str(tmp_path / "*.nothing")])
+
+
+def test_an_unknown_objective_metric_is_named_before_any_direction_is_asked(registry):
+    from harness.errors import ConfigError
+    from harness.study.schema import parse_study_config
+    from harness.study.space import validate
+
+    def study(objective):
+        return parse_study_config({
+            "task": {"name": "copy", "params": {"length": 4}}, "name": "s",
+            "candidates": [{"name": "a", "model": {"name": "transformer"}}],
+            "objective": objective, "budget": {"trials": 1, "steps": 2}})
+
+    with pytest.raises(ConfigError) as err:
+        validate(study({"metric": "accuracy"}), registry)
+    text = str(err.value)
+    assert text.startswith("objective.metric: task 'copy' does not log 'accuracy' (did you mean 'acc'?)")
+    assert "acc, exact, loss" in text and "direction" not in text
+    # a metric the task logs whose direction is unknown still asks for one
+    with pytest.raises(ConfigError, match="objective.direction is required for metric 'exact_x'"):
+        from harness.study import space as sp
+
+        known = sp.logged_metrics
+        sp.logged_metrics = lambda task: known(task) | {"exact_x"}
+        try:
+            validate(study({"metric": "exact_x"}), registry)
+        finally:
+            sp.logged_metrics = known

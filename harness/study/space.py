@@ -33,7 +33,7 @@ from harness.study.candidates import (
     parse_range,
     range_values,
 )
-from harness.study.schema import StudyConfig
+from harness.study.schema import MAXIMIZE, MINIMIZE, StudyConfig
 
 #: Training settings a study may search, with their type.
 TRAIN_SEARCHABLE: dict[str, type] = {
@@ -391,13 +391,20 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
     logged = logged_metrics(space.task)
     if logged is not None and config.objective.metric not in logged:
-        close = difflib.get_close_matches(config.objective.metric, sorted(logged), n=1)
+        metric = config.objective.metric
+        close = difflib.get_close_matches(metric, sorted(logged), n=1) or [
+            m for m in sorted(logged) if metric.startswith(m) or m.startswith(metric)][:1]
         raise ConfigError(
             f"objective.metric: task '{tspec.name}' does not log '{config.objective.metric}'"
             + (f" (did you mean '{close[0]}'?)" if close else "")
             + f"; its runs log {', '.join(sorted(logged))} (as val/METRIC). Every trial would "
             f"fail: nothing was created."
         )
+    if config.objective.direction is None:
+        raise ConfigError(
+            f"objective.direction is required for metric '{config.objective.metric}' (maximize "
+            f"or minimize): the harness knows the direction of "
+            f"{', '.join(sorted(MINIMIZE | MAXIMIZE))} only. Add direction: to objective.")
     length = config.objective.length
     if length is not None and length not in space.eval_lengths:
         raise ConfigError(
