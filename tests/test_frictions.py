@@ -283,3 +283,50 @@ def test_an_unknown_objective_metric_is_named_before_any_direction_is_asked(regi
             validate(study({"metric": "exact_x"}), registry)
         finally:
             sp.logged_metrics = known
+
+
+# -- 10: the harness's warnings are its own lines, not Python's ``file.py:197: UserWarning`` ---
+def test_harness_warnings_print_as_its_own_line_and_others_as_python_does(tmp_path, capsys):
+    """The CLI path (``quiet``) and the API path (``quieted``): a labelled file with bytes
+    that are not UTF-8 warns in one ``warning:`` line, with no file, line number or class."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "bad.csv"
+    src.write_bytes(b"text,label\nok,a\nbad \xff byte,b\n")
+    code = ("from harness.runtime import noise; noise.quiet()\n"
+            "from harness.data.labelled import stream_splits, LabelledConfig\n"
+            f"list(stream_splits(LabelledConfig(train={str(src)!r}, val_fraction=0.5), ['text', 'label'], 'text'))\n"
+            "import warnings; warnings.warn('from elsewhere', UserWarning)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = done.stderr.splitlines()
+    assert lines[0] == ("warning: bytes that are not UTF-8 were replaced by U+FFFD (the readers' "
+                        f"policy): 1 in {src}")
+    assert "labelled.py" not in done.stderr and "UserWarning: bytes" not in done.stderr
+    assert "<string>:4: UserWarning: from elsewhere" in done.stderr, "not the harness's: as Python shows it"
+    # the API restores Python's display after the call
+    import warnings
+
+    from harness.runtime.noise import quieted
+    before = warnings.showwarning
+    with quieted(verbose=False):
+        assert warnings.showwarning is not before
+    assert warnings.showwarning is before
+
+
+def test_data_prepare_help_and_the_docs_agree_on_the_workers_default(capsys):
+    import re
+    from pathlib import Path
+
+    from harness.cli.main import main
+    from harness.data.cli import WORKERS_DEFAULT
+    from harness.data.prepare import CHUNK_BYTES, FEW_CHUNKS
+
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {WORKERS_DEFAULT})" in help_text
+    docs = " ".join((Path(__file__).parent.parent / "docs" / "data.md").read_text().split())
+    assert f"`--workers` processes (default: {WORKERS_DEFAULT})" in docs
+    assert f"sources under {FEW_CHUNKS * CHUNK_BYTES >> 20} MB" in WORKERS_DEFAULT
+    assert not re.search(r"default: the usable cores", help_text)
