@@ -330,3 +330,20 @@ def test_data_prepare_help_and_the_docs_agree_on_the_workers_default(capsys):
     assert f"`--workers` processes (default: {WORKERS_DEFAULT})" in docs
     assert f"sources under {FEW_CHUNKS * CHUNK_BYTES >> 20} MB" in WORKERS_DEFAULT
     assert not re.search(r"default: the usable cores", help_text)
+
+
+def test_a_new_store_made_in_another_folder_is_named(tmp_path, monkeypatch, capsys):
+    from harness.store import tracking
+
+    monkeypatch.delenv("HARNESS_HOME", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert tracking.ensure_home() == elsewhere.resolve() / ".harness"
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"created a new one, {elsewhere.resolve() / '.harness'}" in err and "HARNESS_HOME" in err
+    tracking.ensure_home()  # it exists now: nothing more to say
+    (elsewhere / "sub").mkdir()
+    monkeypatch.chdir(elsewhere / "sub")  # a sub-folder uses the project's store, silently
+    assert tracking.ensure_home() == elsewhere.resolve() / ".harness"
+    assert capsys.readouterr().err == ""
