@@ -347,3 +347,41 @@ def test_a_new_store_made_in_another_folder_is_named(tmp_path, monkeypatch, caps
     monkeypatch.chdir(elsewhere / "sub")  # a sub-folder uses the project's store, silently
     assert tracking.ensure_home() == elsewhere.resolve() / ".harness"
     assert capsys.readouterr().err == ""
+
+
+def test_a_study_estimates_its_running_time_from_timed_steps(tmp_path, registry, monkeypatch):
+    import copy
+
+    import yaml
+    from test_study import CANDIDATE, TINY
+
+    from harness.study import estimate as est
+    from harness.study.schema import load_study_config
+    from harness.study.space import validate
+
+    other = copy.deepcopy(CANDIDATE) | {"name": "other"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(TINY | {"candidates": [CANDIDATE, other]}))
+    space = validate(load_study_config(tmp_path / "s.yaml"), registry)
+    calls = []
+    real = est.run_seconds
+
+    def counted(run, reg):
+        calls.append(run["train"]["max_steps"])
+        if run["model"]["params"].get("fail"):
+            raise RuntimeError("cannot be timed")
+        return real(run, reg)
+
+    monkeypatch.setattr(est, "run_seconds", counted)
+    guess = est.estimate(space, {"mha": 4, "other": 0}, workers=2)
+    assert calls == [20], "a candidate with no run left is not timed"
+    assert guess is not None and guess.runs == 4 and list(guess.per_step) == ["mha"]
+    step, whole = real(space.run_config(space.candidates[0], None, seed=0), registry)
+    assert step > 0 and whole >= 20 * step
+    # the estimate is the runs' time shared among the workers (timings vary: a loose check)
+    assert 0.2 * whole * 4 / 2 < guess.seconds < 5 * whole * 4 / 2
+    line = guess.line()
+    assert line.startswith("estimate: at least ") and "for the 4 run(s) left with 2 workers" in line
+    assert "a training step: mha " in line and " ms" in line
+    monkeypatch.setattr(space, "run_config", lambda *a, **k: {"model": {"params": {"fail": 1}},
+                                                              "train": {"max_steps": 1}})
+    assert est.estimate(space, {"mha": 1}) is None, "nothing timed: no estimate, no error"
