@@ -385,3 +385,21 @@ def test_a_study_estimates_its_running_time_from_timed_steps(tmp_path, registry,
     monkeypatch.setattr(space, "run_config", lambda *a, **k: {"model": {"params": {"fail": 1}},
                                                               "train": {"max_steps": 1}})
     assert est.estimate(space, {"mha": 1}) is None, "nothing timed: no estimate, no error"
+
+
+def test_a_pruner_on_an_objective_past_the_training_length_gets_a_note(registry):
+    from harness.study.schema import parse_study_config
+    from harness.study.space import validate
+
+    def notes(objective, pruner):
+        return validate(parse_study_config({
+            "task": {"name": "copy", "params": {"length": 4, "eval_lengths": [8]}}, "name": "s",
+            "candidates": [{"name": "a", "model": {"name": "transformer"}}],
+            "objective": objective, "pruner": pruner, "budget": {"trials": 2, "steps": 20}}),
+            registry).notes
+
+    [note] = [n for n in notes({"metric": "acc", "length": 8}, {"name": "median"}) if "pruner" in n]
+    assert "compares tuning trials by val/acc at the training length 4" in note
+    assert "not at the objective's length 8" in note
+    assert not [n for n in notes({"metric": "acc", "length": 8}, {"name": "none"}) if "pruner" in n]
+    assert not [n for n in notes({"metric": "acc"}, {"name": "median"}) if "pruner" in n]
