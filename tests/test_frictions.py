@@ -5,6 +5,8 @@ and the smaller messages (CLI and study) that said too little."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_report import candidate, protocol
@@ -316,7 +318,6 @@ def test_harness_warnings_print_as_its_own_line_and_others_as_python_does(tmp_pa
 
 def test_data_prepare_help_and_the_docs_agree_on_the_workers_default(capsys):
     import re
-    from pathlib import Path
 
     from harness.cli.main import main
     from harness.data.cli import WORKERS_DEFAULT
@@ -403,3 +404,25 @@ def test_a_pruner_on_an_objective_past_the_training_length_gets_a_note(registry)
     assert "not at the objective's length 8" in note
     assert not [n for n in notes({"metric": "acc", "length": 8}, {"name": "none"}) if "pruner" in n]
     assert not [n for n in notes({"metric": "acc"}, {"name": "median"}) if "pruner" in n]
+
+
+# -- 7: the MLflow UI -----------------------------------------------------------------------------
+def test_the_parent_description_says_where_the_intervals_are_and_the_data_read():
+    """MLflow's grouped rows aggregate by min, average or max only: the parent run's
+    description says the ranked view's group rows carry no interval, and where they are."""
+    from types import SimpleNamespace
+
+    from harness.report.summary import CandidateNumbers, VerdictText, note
+    from harness.study.schema import parse_study_config
+
+    cfg = parse_study_config({
+        "name": "s", "task": {"name": "copy", "params": {"length": 4}},
+        "candidates": [{"name": "a", "model": {"name": "transformer"}}],
+        "objective": {"metric": "acc"}, "budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2}})
+    handle = SimpleNamespace(name="s", config=cfg, record={"train_length": 4})
+    numbers = [CandidateNumbers("a", 1.0, 0.9, (0.8, 1.0), {1: 0.85, 2: 0.95})]
+    lead = VerdictText("best: a", "Ranked ...", "headline", data="prepared corpus /x (manifest sha256 1)")
+    text = note(handle, numbers, "| table |", "95% Student t", lead)
+    assert "group row shows the mean over its confirmation seeds without its interval" in text
+    assert "MLflow groups by min, average or max only" in text
+    assert "Data read: prepared corpus /x (manifest sha256 1)." in text

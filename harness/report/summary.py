@@ -128,6 +128,10 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, metho
         "",
         table.strip(),
         "",
+        "In the study's ranked runs view (`harness ui`) a candidate's group row shows the mean "
+        "over its confirmation seeds without its interval: MLflow groups by min, average or max "
+        "only. The intervals are in the tables above (and in `CANDIDATE/ci_low`, `/ci_high`).",
+        "",
         f"Child runs are named `CANDIDATE/tune/trial-N` and `CANDIDATE/confirm/seed-S` and tagged "
         f"`harness.candidate`, `harness.phase`, `harness.seed`, `harness.trial_number`: group by "
         f"`harness.candidate` to compare. Per candidate, this run's metrics hold the objective's "
