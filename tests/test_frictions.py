@@ -383,6 +383,8 @@ def test_a_study_estimates_its_running_time_from_timed_steps(tmp_path, registry,
     line = guess.line()
     assert line.startswith("estimate: at least ") and "for the 4 run(s) left with 2 workers" in line
     assert "a training step: mha " in line and " ms" in line
+    assert ("pruned trials shorten it" in line) == (space.config.pruner.name != "none")
+    assert "pruned" not in est.Estimate(60.0, 2, {"a": 0.01}, 1, [], pruner=False).line()
     monkeypatch.setattr(space, "run_config", lambda *a, **k: {"model": {"params": {"fail": 1}},
                                                               "train": {"max_steps": 1}})
     assert est.estimate(space, {"mha": 1}) is None, "nothing timed: no estimate, no error"

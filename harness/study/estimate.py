@@ -29,6 +29,7 @@ class Estimate:
     per_step: dict[str, float]  # candidate -> seconds per training step
     workers: int
     left_out: list[str]  # candidates that could not be timed
+    pruner: bool = True  # the study prunes tuning trials
 
     def line(self) -> str:
         steps = ", ".join(f"{name} {s * 1e3:.3g} ms" for name, s in self.per_step.items())
@@ -37,7 +38,8 @@ class Estimate:
         return (f"estimate: at least {duration(self.seconds)} for the {self.runs} run(s) left"
                 f"{workers} on this machine: timed steps (a training step: {steps}{missing}) and "
                 f"evaluation passes; Lightning's bookkeeping, start-up and recording add to it "
-                f"(about 2x in total for quickstart's small runs), pruned trials shorten it")
+                f"(about 2x in total for quickstart's small runs)"
+                + (", pruned trials shorten it" if self.pruner else ""))
 
 
 def duration(seconds: float) -> str:
@@ -132,7 +134,8 @@ def estimate(space: Any, left: dict[str, int], workers: int = 1) -> Estimate | N
         runs += n
     if not per_step:
         return None
-    return Estimate(seconds / max(1, workers), runs, per_step, workers, missing)
+    return Estimate(seconds / max(1, workers), runs, per_step, workers, missing,
+                    space.config.pruner.name != "none")
 
 
 def runs_left(handle: Any) -> dict[str, int]:
