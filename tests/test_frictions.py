@@ -161,6 +161,7 @@ def test_a_relative_data_path_is_made_absolute_when_the_study_is_created(tmp_pat
     assert cfg.candidates[1].task["tokenizer"] == "tok.json", "no such file: a name, left alone"
 
 
+@pytest.mark.slow  # a real training run: about 15 s on the loaded 2-core machine
 def test_a_corpus_run_records_what_it_read_and_scores_a_small_split_whole(tmp_path, registry, capsys):
     """A small corpus with the default eval_tokens (16,384) trains: the run prints one
     warning line, tags it, and records the manifest it read (``harness.data``)."""
