@@ -315,6 +315,15 @@ def test_harness_warnings_print_as_its_own_line_and_others_as_python_does(tmp_pa
     with quieted(verbose=False):
         assert warnings.showwarning is not before
     assert warnings.showwarning is before
+    # a caller recording warnings still records the harness's
+    from harness.errors import HarnessWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quieted(verbose=False):
+            warnings.warn("texts were truncated", HarnessWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["texts were truncated"]
+    assert "texts were truncated" not in capsys.readouterr().err
 
 
 def test_data_prepare_help_and_the_docs_agree_on_the_workers_default(capsys):

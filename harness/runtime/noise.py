@@ -40,7 +40,10 @@ def _show(message: Warning | str, category: type[Warning], filename: str, lineno
     """``warnings.showwarning`` that prints the harness's warnings (a
     :class:`~harness.errors.HarnessWarning`, or one raised in a harness module) as its own
     line, ``warning: TEXT``, and leaves any other to Python's format."""
-    if issubclass(category, HarnessWarning) or os.path.abspath(filename).startswith(_HARNESS):
+    # a caller recording warnings (catch_warnings(record=True), pytest.warns) gets them all
+    recording = isinstance(getattr(getattr(warnings, "_showwarnmsg_impl", None), "__self__", None), list)
+    if not recording and (issubclass(category, HarnessWarning)
+                          or os.path.abspath(filename).startswith(_HARNESS)):
         print(f"warning: {message}", file=file or sys.stderr, flush=True)
         return
     _python_show(message, category, filename, lineno, file, line)
