@@ -391,9 +391,9 @@ def test_a_study_estimates_its_running_time_from_timed_steps(tmp_path, registry,
     # the estimate is the runs' time shared among the workers (timings vary: a loose check)
     assert 0.2 * whole * 4 / 2 < guess.seconds < 5 * whole * 4 / 2
     line = guess.line()
-    assert line.startswith("estimate: at least ") and "for the 4 run(s) left with 2 workers" in line
+    assert line.startswith("estimate: about ") and "for the 4 run(s) left with 2 workers" in line
     assert "a training step: mha " in line and " ms" in line
-    assert ("pruned trials shorten it" in line) == (space.config.pruner.name != "none")
+    assert ("and pruned trials save" in line) == (space.config.pruner.name != "none")
     assert "pruned" not in est.Estimate(60.0, 2, {"a": 0.01}, 1, [], pruner=False).line()
     monkeypatch.setattr(space, "run_config", lambda *a, **k: {"model": {"params": {"fail": 1}},
                                                               "train": {"max_steps": 1}})

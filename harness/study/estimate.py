@@ -4,10 +4,11 @@ task from ``data_seed``, model, one batch, forward, backward and the optimiser's
 one forward pass of a validation batch at each evaluation length; the steps and evaluation
 passes of the runs left are multiplied out and shared among the workers.
 
-What it leaves out, and says so, so it is a lower bound: Lightning's bookkeeping around each
-step, start-up and recording (quickstart's 400-step runs on the shared 2-core machine at load
-~50, 2026-11-26: 24-31 s a run against 10-13 s estimated), and the pruner stopping tuning
-trials early (which shortens the study). Nothing here is recorded and
+What it leaves out, and says so: Lightning's bookkeeping around each step, start-up and
+recording, which add to it, and shorter padded batches than the first (variable-length
+tasks) and pruned trials, which save. Measured on the shared 2-core machine, 2026-11-26, with
+one worker: quickstart estimated 4 min, took 9.9 min (400-step runs of a tiny model: the fixed
+costs weigh most); lra_listops estimated 9 min, took 7.8 min. Nothing here is recorded and
 nothing fails a study: a candidate that cannot be timed is left out of the estimate.
 """
 
@@ -35,11 +36,11 @@ class Estimate:
         steps = ", ".join(f"{name} {s * 1e3:.3g} ms" for name, s in self.per_step.items())
         workers = f" with {self.workers} workers" if self.workers > 1 else ""
         missing = f"; not timed: {', '.join(self.left_out)}" if self.left_out else ""
-        return (f"estimate: at least {duration(self.seconds)} for the {self.runs} run(s) left"
-                f"{workers} on this machine: timed steps (a training step: {steps}{missing}) and "
-                f"evaluation passes; Lightning's bookkeeping, start-up and recording add to it "
-                f"(about 2x in total for quickstart's small runs)"
-                + (", pruned trials shorten it" if self.pruner else ""))
+        return (f"estimate: about {duration(self.seconds)} for the {self.runs} run(s) left{workers} "
+                f"on this machine, from timed steps (a training step: {steps}{missing}) and "
+                f"evaluation passes (whole studies took 0.9-2.5x their estimate: start-up and "
+                f"Lightning's bookkeeping add to it, shorter padded batches"
+                f"{' and pruned trials' if self.pruner else ''} save)")
 
 
 def duration(seconds: float) -> str:
