@@ -7,8 +7,10 @@ passes of the runs left are multiplied out and shared among the workers.
 What it leaves out, and says so: Lightning's bookkeeping around each step, start-up and
 recording, which add to it, and shorter padded batches than the first (variable-length
 tasks) and pruned trials, which save. Measured on the shared 2-core machine, 2026-11-26, with
-one worker: quickstart estimated 4 min, took 9.9 min (400-step runs of a tiny model: the fixed
-costs weigh most); lra_listops estimated 9 min, took 7.8 min. Nothing here is recorded and
+one worker (benchmarks/studies/*/RUN.md): quickstart estimated 2 min, took 4.0 min at load
+~1.7 (400-step runs of a tiny model: the fixed costs weigh most; at load ~7 a 4-trial version
+took 9.9 min against 4 min); lra_listops 9 min, took 7.8; lra_pathfinder 6 min, took 9.1.
+Nothing here is recorded and
 nothing fails a study: a candidate that cannot be timed is left out of the estimate.
 """
 
