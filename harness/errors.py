@@ -113,6 +113,12 @@ WHOLE_CHECKS = ("value_error", "assertion_error")
 
 
 
+class HarnessWarning(UserWarning):
+    """Something a user should know that does not stop the work (bytes replaced, texts
+    truncated, a checkpoint skipped): shown as the harness's own ``warning: ...`` line
+    (:mod:`harness.runtime.noise`), never as Python's ``file.py:197: UserWarning``."""
+
+
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:
     """An exception and every cause or context behind it, each once (cycles stop)."""
     seen: set[int] = set()

@@ -46,6 +46,8 @@ class Tag:
     DEVICE_CAPABILITY = "harness.device.capability"  # CUDA compute capability, "9.0"
     CUDA_VERSION = "harness.cuda_version"  # the CUDA torch was built with
     DRIVER_VERSION = "harness.driver_version"  # the NVIDIA kernel driver
+    DATA = "harness.data"  # what the task read (Task.data_summary): a user's corpus or files
+    DATA_PARAMS = "harness.data_params"  # the task params that summary replaces (comma list)
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

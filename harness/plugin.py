@@ -85,7 +85,7 @@ from harness.data.labelled import (
 from harness.data.prepare import prepare as prepare_corpus
 from harness.data.tasks import Task, TaskConfig, TaskInfo, lm_windows
 from harness.data.vocab import BOS, EOS, PAD, SEP, Example, Vocab
-from harness.errors import ConfigError, MissingDataError, PluginError
+from harness.errors import ConfigError, HarnessWarning, MissingDataError, PluginError
 from harness.nn import banded, documents, fast_path, linear_recurrence, selective, ssm
 from harness.nn.attention import (
     Attention,
@@ -135,7 +135,7 @@ __all__ = [
     # hyper-parameters: bounds (hard limits) and search ranges
     "Ge", "Gt", "Le", "Lt", "Interval", "IntRange", "FloatRange", "Choice", "NoParams",
     # errors a plugin raises (a ValueError from a constructor also becomes a clean config error)
-    "ConfigError", "PluginError", "MissingDataError",
+    "ConfigError", "PluginError", "MissingDataError", "HarnessWarning",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
     "allowed_mask", "masked_softmax", "scaled", "sdpa_mask",

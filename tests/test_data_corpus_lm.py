@@ -93,12 +93,46 @@ def test_documents_shorter_than_a_window_are_packed_not_refused(tmp_path, regist
 
 @pytest.mark.parametrize(("params", "expected"), [
     ({"length": 50_000, "eval_tokens": 50_000}, "longer than the train split"),
-    ({"length": 16, "eval_tokens": 100_000}, "longer than the val split"),
+    ({"length": 16, "eval_lengths": [4_000], "eval_tokens": 100_000}, "longer than the val split"),
 ])
 def test_windows_longer_than_a_split_are_config_errors(tmp_path, registry, params, expected):
     path = corpus(tmp_path, docs=100)
     with pytest.raises(ConfigError, match=expected):
         task(registry, path, **params)
+
+
+def test_eval_tokens_beyond_a_small_split_score_the_whole_split_and_say_so(tmp_path, registry):
+    """A small corpus trains with the default eval_tokens: each split scores what it holds past
+    the context room, the config's warning says so (the run prints it and tags it)."""
+    path = corpus(tmp_path, docs=100)
+    val = open_corpus(path).split("val")
+    assert val.tokens < 16_384 + 1 + 32
+    t = task(registry, path, length=16, eval_lengths=[32])  # eval_tokens: the default 16,384
+    scored = t.examples("val", 16)
+    assert sum(sum(e["loss_mask"]) if "loss_mask" in e else len(e["tokens"]) - 1 for e in scored) \
+        == (val.tokens - 1 - 32) // 16 * 16
+    first = t.eval_start("val")
+    assert first == 32, "the whole split past the context room"
+    assert list(scored[0]["tokens"]) == val.read(32, 17).tolist()
+    warned = t.config.meaningless()
+    assert len(warned) == 1 and f"of {path} hold (val {val.tokens:,} tokens, test " in warned[0]
+    assert f"the whole split is scored (val {val.tokens - 33:,} tokens, test " in warned[0]
+    big = task(registry, path, length=16, eval_tokens=64)
+    assert big.config.meaningless() == [], "a split that holds eval_tokens is not warned about"
+
+
+def test_the_data_summary_names_the_prepared_folder_from_its_manifest(tmp_path, registry):
+    import hashlib
+
+    path = corpus(tmp_path, tokenizer="chars")
+    t = task(registry, path, length=16, eval_tokens=64)
+    manifest = json.loads((path / "manifest.json").read_text())
+    text = t.data_summary()
+    digest = hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest()[:12]
+    assert str(path.resolve()) in text and f"manifest sha256 {digest}" in text
+    assert "out.jsonl" in text and "tokenizer chars" in text
+    assert f"{manifest['splits']['train']['tokens']:,}/{manifest['splits']['val']['tokens']:,}/" in text
+    assert t.data_params == ("path", "source", "tokenizer")
 
 
 def test_an_unprepared_path_names_the_prepare_command(tmp_path, registry):
@@ -264,11 +298,14 @@ def test_a_study_ranks_two_tokenizers_of_one_text_by_bits_per_byte(tmp_path, reg
     by_bytes, by_chars = corpus(tmp_path, tokenizer="bytes", name="b"), corpus(tmp_path, tokenizer="chars", name="c")
     path = study_file(tmp_path, [("bytes", {"path": str(by_bytes)}), ("chars", {"path": str(by_chars)})])
     out = tmp_path / "report"
-    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "json"]) == 0
+    assert main(["study", "run", str(path), "--report", "--out", str(out), "--format", "json,md"]) == 0
     assert "FAILED" not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(c["name"] for c in summary["candidates"]) == ["bytes", "chars"]
     assert summary["complete"] and all(len(c["runs"]) == 2 for c in summary["candidates"])
+    md = (out / "results.md").read_text()  # each candidate's folder, from its manifest
+    assert f"data read: bytes: prepared corpus {by_bytes.resolve()} (manifest sha256 " in md
+    assert f"; chars: prepared corpus {by_chars.resolve()} (manifest sha256 " in md
 
 
 def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_path, capsys):

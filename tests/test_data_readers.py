@@ -107,7 +107,7 @@ def test_bytes_that_are_not_utf8_are_replaced_and_counted_per_file(tmp_path):
     (lambda p: (p / "e.txt").write_text(""), "e.txt", "is empty"),
     (lambda p: (p / "e.jsonl").write_text("\n\n"), "e.jsonl", "is empty"),
     (lambda p: (p / "empty").mkdir(), "empty", "holds no readable file"),
-    (lambda p: None, "*.jsonl", "matched no readable file"),
+    (lambda p: None, "*.jsonl", "matched no file (supported: .txt"),
     (lambda p: None, "missing.txt", "does not exist"),
     (lambda p: (p / "x.docx").write_text("a"), "x.docx", "unsupported suffix"),
     (lambda p: (p / "j.jsonl").write_text('{"text": "a"}\n{"text": oops}\n'), "j.jsonl", "line 2: not JSON"),

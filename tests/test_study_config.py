@@ -109,7 +109,7 @@ def test_run_config_samples_prefixed_names(registry):
      "candidates[0] (mha): model.params: d_model (64) must be divisible by heads (3)"),
     ({"candidates__1__name": "mha"}, "candidate names must be unique; repeated: mha"),
     ({"candidates__1__name": "bad name"}, "candidates[1].name"),
-    ({"objective": {"metric": "per_token_whatever"}}, "objective: direction is required"),
+    ({"objective": {"metric": "per_token_whatever"}}, "objective.metric: task 'copy' does not log 'per_token_whatever'"),
     ({"objective": {"metric": "acc", "length": 64}}, "objective.length: 64 is not an evaluation length"),
     ({"train": {"max_steps": 100}}, "train.max_steps: set by budget.steps"),
     ({"train": {"lr": -1}}, "train.lr: Input should be greater than 0"),

@@ -266,6 +266,7 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
         assert "workflowType=machine_learning" in runs_link and "viewStateShareKey=harness-tiny-cpu" in runs_link
         assert tuning_link.endswith("viewStateShareKey=harness-tiny-cpu-tuning")
         assert list(links).index("study tiny-cpu: candidates ranked (confirmation runs)") == 0
+        assert ui.ASSISTANT_NOTE in out  # MLflow's Assistant panel: how to close it for good
         exp_id = urllib.parse.urlsplit(runs_link).fragment.split("/")[2]
         parent_id = parent_link.split("/runs/")[1].split("?")[0]
         deadline = time.monotonic() + 20

@@ -146,10 +146,11 @@ def _train(args: argparse.Namespace) -> int:
     tracking.preflight(cfg.tracking.uri)  # seconds, before torch is imported
 
     from harness.run.checkpoint import stop_on_sigusr1
+    from harness.run.console import Announce
     from harness.run.pipeline import train
 
     with stop_on_sigusr1():
-        result = train(cfg)
+        result = train(cfg, callbacks=[Announce(cfg.train.checkpoint_every)])
     if result.rank:  # a distributed run's other processes: rank 0 says it once
         return 0
     print(f"\nrun {result.run_id} {result.status}; {result.num_params:,} parameters")
@@ -179,9 +180,11 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.tracking_uri:
             cfg.tracking.uri = args.tracking_uri
     from harness.run.checkpoint import stop_on_sigusr1
+    from harness.run.console import Announce
 
     with stop_on_sigusr1():
-        result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri)
+        result = train(cfg, resume=args.resume, tracking_uri=args.tracking_uri,
+                       callbacks=[Announce()])
     if result.rank:
         return 0
     print(f"\nrun {result.run_id} {result.status} (resumed); {result.num_params:,} parameters")

@@ -51,6 +51,11 @@ from harness.errors import HarnessError, shorten
 from harness.runtime.children import die_with_parent
 
 HOST = "127.0.0.1"
+#: MLflow 3.17 opens its Assistant panel by itself on a browser's first visit to a local server
+#: (a flag in the browser's localStorage; no server setting or environment variable turns it
+#: off), over a third of the page's width: say how to get the page back.
+ASSISTANT_NOTE = ("  (MLflow opens its Assistant panel on a browser's first visit to a local server; "
+                  "close it once with its × and it stays closed in that browser)")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GRACE_S = 10.0
 
@@ -320,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         wait_until_healthy(base, supervisor, log)
         print(f"MLflow UI: {base}  (Ctrl-C stops it)")
+        print(ASSISTANT_NOTE)
         _show(links(base, study, others), args.open)
         return supervisor.wait()
     except (_Stop, KeyboardInterrupt) as exc:

@@ -12,6 +12,12 @@ from typing import Any
 
 from harness.errors import ConfigError
 
+#: ``--workers``'s default, in words (the rule is :func:`harness.data.prepare._tokenized`'s and
+#: ``FEW_CHUNKS * CHUNK_BYTES``); docs/data.md says the same (a test checks both)
+WORKERS_DEFAULT = ("every usable core for bpe and tokenizer files; one for bytes and chars "
+                   "(they encode faster than a chunk travels to a worker and back) and for "
+                   "sources under 16 MB")
+
 
 def _fractions(text: str) -> tuple[float, ...]:
     try:
@@ -54,7 +60,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--split-fractions", type=_fractions, default=None, metavar="TRAIN,VAL,TEST",
                    help="fractions of documents per split (default 0.9,0.05,0.05)")
     p.add_argument("--workers", type=int, default=None,
-                   help="tokenising processes (default: the usable cores)")
+                   help=f"tokenising processes (default: {WORKERS_DEFAULT})")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(handler=cmd_prepare)
 

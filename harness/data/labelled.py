@@ -46,7 +46,7 @@ from annotated_types import Ge, Lt
 
 from harness.data.tasks import TaskConfig
 from harness.data.vocab import Vocab
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessWarning
 from harness.params import IntRange
 
 SPLITS = ("train", "val", "test")
@@ -230,7 +230,7 @@ def stream_splits(config: LabelledConfig, fields: Sequence[str], key_field: str)
     if bad:
         warnings.warn(
             "bytes that are not UTF-8 were replaced by U+FFFD (the readers' policy): "
-            + ", ".join(f"{n} in {f}" for f, n in bad.items()), UserWarning, stacklevel=2)
+            + ", ".join(f"{n} in {f}" for f, n in bad.items()), HarnessWarning, stacklevel=2)
 
 
 def encoded(tokenizer: Any, stream: Iterable[tuple[str, Any]], fields: Sequence[str],
@@ -296,7 +296,7 @@ def note_truncated(what: str, counts: dict[str, int], totals: dict[str, int], li
     parts = [f"{counts[s]} of {totals[s]} {s}" for s in SPLITS if counts.get(s)]
     if parts:
         warnings.warn(f"{what}: {', '.join(parts)} records were longer than {limit} tokens and "
-                      f"were truncated.", UserWarning, stacklevel=3)
+                      f"were truncated.", HarnessWarning, stacklevel=3)
 
 
 def empty_split_error(split: str, config: LabelledConfig) -> ConfigError:

@@ -68,6 +68,9 @@ SHARD_TOKENS = 1 << 28
 TOKENIZER_TRAIN_BYTES = 100_000_000
 #: Text per chunk sent to a worker.
 CHUNK_BYTES = 1 << 22
+#: Sources smaller than this many chunks are tokenised in one process (starting processes
+#: would cost more than they save).
+FEW_CHUNKS = 4
 
 
 @dataclass
@@ -472,7 +475,7 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
            chunk_bytes: int, on_chunk: Callable[[int], None] | None) -> dict[str, Any]:
     compressed = any(p.suffix.lower() in COMPRESSED for p in files)
     total = None if compressed else sum(d["size"] for d in digests)
-    if workers is None and sum(d["size"] for d in digests) < 4 * chunk_bytes:
+    if workers is None and sum(d["size"] for d in digests) < FEW_CHUNKS * chunk_bytes:
         workers = 1  # a few chunks: starting processes would cost more than it saves
     train_texts = None
     learn = Progress(total, show, "learning the tokenizer:")

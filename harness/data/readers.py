@@ -210,10 +210,18 @@ def resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
             for d in (p for p in matched if p.is_dir()):
                 files += _folder_files(d, walk)
             if not files:
-                raise ConfigError(
-                    f"the pattern {text!r} matched no readable file (supported: "
-                    f"{', '.join(TEXT_SUFFIXES + BINARY_SUFFIXES)}, optionally compressed "
-                    f"{', '.join(COMPRESSED)}). Check the pattern and the files' suffixes.")
+                skipped = sorted({p.suffix or p.name for p in matched if p.is_file()})
+                supported = (f"supported: {', '.join(TEXT_SUFFIXES + BINARY_SUFFIXES)}, text "
+                             f"formats also compressed ({', '.join(COMPRESSED)})")
+                if skipped:
+                    raise ConfigError(
+                        f"the pattern {text!r} matched {len(matched)} file(s), none in a format "
+                        f"the harness reads ({', '.join(skipped[:5])}; {supported}). Convert them: "
+                        f"plain text as .txt (each blank-line-separated block is a document, e.g. "
+                        f"a.py copied to a.py.txt) or as JSONL records with a text field (one "
+                        f"document each).")
+                raise ConfigError(f"the pattern {text!r} matched no file ({supported}). Check the "
+                                  f"pattern (quote it so the shell does not expand it).")
         else:
             raise ConfigError(f"the source {text!r} does not exist (no such file or folder, and "
                               f"not a glob pattern). Check the path.")

@@ -79,6 +79,9 @@ class Task:
     #: Text to token ids and back (:class:`harness.data.tokenizers.Tokenizer`) for a task over
     #: text (``corpus_lm``), or None: what ``harness generate`` and ``harness eval`` read text with.
     tokenizer: Any = None
+    #: The params :meth:`data_summary` states (where the data came from): a report names the
+    #: data actually read in their place, not the values the config gave.
+    data_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: TaskConfig, *, seed: int, vocab: Vocab, num_classes: int | None = None):
         self.config = config
@@ -101,6 +104,13 @@ class Task:
     def split_seed(self, split: str, length: int) -> int:
         """A seed per (task seed, split, length): splits never share a random stream."""
         return self.seed * 1_000_003 + {"train": 1, "val": 2, "test": 3}[split] * 10_007 + length
+
+    def data_summary(self) -> str | None:
+        """What the task read, in one line, for a task on the user's files (a prepared
+        corpus: its folder, sources, tokenizer, tokens per split and its manifest's hash);
+        recorded on the run (tag ``harness.data``) and quoted by a study's report. Default:
+        None (generated data: the params say it all)."""
+        return None
 
     def examples(self, split: str, length: int) -> Sequence[Example]:
         """The examples of ``split`` ("train", "val" or "test") at ``length`` (cached)."""

@@ -11,7 +11,7 @@ the study). Computes nothing and draws nothing: a report can be rendered from a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.keys import Attr, Phase, Tag
@@ -62,6 +62,10 @@ class CandidateResult:
     edges: list[str] = field(default_factory=list)
     #: confirmation seeds whose run FAILED (diverged, crashed), with the reason
     failed_seeds: dict[int, str] = field(default_factory=dict)
+    #: what its confirmation runs read (tag ``harness.data``; empty: generated data) and the
+    #: task params that line replaces
+    data: str = ""
+    data_params: tuple[str, ...] = ()
     # -- filled by verdict.analyze ------------------------------------------------------------
     mean: float = math.nan
     interval: stats.Interval | None = None
@@ -111,6 +115,7 @@ class Protocol:
     tuning: str = ""  # how every candidate was tuned, in words
     description: str = ""
     untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
+    data: str = ""  # what the runs read, from their manifest (:func:`with_data`); empty: generated
 
     @property
     def alpha(self) -> float:
@@ -143,6 +148,23 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
         description=cfg.description.strip(), untuned=b.trials < 2)
+
+
+def with_data(proto: Protocol, results: list[CandidateResult], cfg: Any) -> Protocol:
+    """The protocol naming the data the runs read (a prepared corpus's manifest, recorded by
+    each run as ``harness.data``) in place of the task params that only say where to look
+    (``path``, ``source``, ``tokenizer``: a default source the path overrides is not what was
+    read). Candidates that read different data are named each with theirs."""
+    read = {r.name: r.data for r in results if r.data}
+    if not read:
+        return proto
+    dropped = {k for r in results for k in r.data_params}
+    params = {k: v for k, v in cfg.task.params.items() if k not in dropped}
+    if len(set(read.values())) == 1:
+        data = next(iter(read.values()))
+    else:
+        data = "; ".join(f"{name}: {text}" for name, text in read.items())
+    return replace(proto, task=f"{cfg.task.name} {params}; data read: {data}", data=data)
 
 
 def run_length(cfg: Any) -> str:
@@ -241,6 +263,7 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
         confirm = handle.load(Phase.CONFIRM, cand.name)
         seeds: list[SeedRun] = []
         config: dict[str, str] = {}
+        data, data_params = "", ()
         for t in confirm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             run = children.get(f"{confirm.study_name}#{t.number}")
             if run is None:
@@ -250,6 +273,9 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
                                  dict(run.data.metrics), [int(x) for x in na.split(",") if x],
                                  run.data.tags.get(Tag.KERNEL, "")))
             config = config or dict(run.data.params)
+            data = data or run.data.tags.get(Tag.DATA, "")
+            data_params = data_params or tuple(
+                k for k in run.data.tags.get(Tag.DATA_PARAMS, "").split(",") if k)
         seeds.sort(key=lambda s: s.seed)
         failed = {int(t.user_attrs[Attr.SEED]): str(t.user_attrs.get(Attr.FAILURE, "failed"))
                   for t in confirm.get_trials(deepcopy=False, states=(TrialState.FAIL,))
@@ -266,7 +292,7 @@ def collect(handle: StudyHandle) -> list[CandidateResult]:
             searched=sorted(config_key(k) for k in (best.params if best is not None else {})),
             matched=[widths[cand.name]] if cand.name in widths else [],
             edges=range_edges(best, skip=widths.get(cand.name)) if best is not None else [],
-            failed_seeds=dict(sorted(failed.items()))))
+            failed_seeds=dict(sorted(failed.items())), data=data, data_params=data_params))
     return results
 
 

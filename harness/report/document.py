@@ -36,6 +36,8 @@ def document(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
     blocks.append(("h1", f"Study {protocol.study}"))
     if protocol.description:
         blocks.append(("p", protocol.description))
+    if protocol.data:  # what was read, not what the description or the defaults suggest
+        blocks.append(("p", f"Data read: {protocol.data}."))
     blocks.append(("h2", "Verdict"))
     blocks.append(("p", headline(results, verdict, protocol)))
     blocks += [("p", s) for s in verdict_text(results, verdict, protocol)]

@@ -282,7 +282,16 @@ def headline(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
         others.append(f"{r.name} {fmt(r.mean)} (Δ = {interval(p.mean_difference, p.interval)}, "
                       f"{percent(p.relative_difference)}, adjusted p = {p_text(p.p_adjusted)}: "
                       f"{status})")
-    return head + lead + (" Against it: " + "; ".join(others) + "." if others else "")
+    return caveat_text(verdict) + head + lead + (" Against it: " + "; ".join(others) + "." if others else "")
+
+
+def caveat_text(verdict: Verdict) -> str:
+    """The handicaps the report detected (:func:`.verdict.caveats`), first in the verdict:
+    ``**Caveats:** the tuned lr of 3 of 4 candidates ...; read the verdict with them.``"""
+    if not verdict.caveats:
+        return ""
+    return ("**Caveats:** " + "; ".join(long for _, long in verdict.caveats)
+            + ". Read the verdict below with them. ")
 
 
 def ranked_line(results: list[CandidateResult], verdict: Verdict, protocol: Protocol) -> str:
@@ -310,11 +319,14 @@ def short_verdict(results: list[CandidateResult], verdict: Verdict) -> str:
     if not ranked or verdict.best is None:
         return "no finished confirmation run"
     best = by_name[verdict.best]
+    caveats = ("; caveats: " + ", ".join(short for short, _ in verdict.caveats)
+               if verdict.caveats else "")
     if len(ranked) == 1:
-        return f"only {best.name}: {fmt(best.mean)}"
+        return f"only {best.name}: {fmt(best.mean)}{caveats}"
     if verdict.resolved:
-        return f"best: {', '.join(verdict.best_group)} ({best.name} {interval(best.mean, best.interval)})"
-    return f"no difference resolved (best mean: {best.name} {fmt(best.mean)})"
+        return (f"best: {', '.join(verdict.best_group)} ({best.name} "
+                f"{interval(best.mean, best.interval)}){caveats}")
+    return f"no difference resolved (best mean: {best.name} {fmt(best.mean)}){caveats}"
 
 
 def best_mean(ranked: list[CandidateResult], verdict: Verdict) -> str:

@@ -48,6 +48,7 @@ class VerdictText:
     title: str
     ranked: str
     headline: str
+    data: str = ""  # what the runs read (a prepared corpus's manifest); empty: generated data
 
     def text(self) -> str:
         """For the terminal: the ranking and the verdict, without the Markdown marks."""
@@ -73,7 +74,7 @@ def report_numbers(handle: StudyHandle) -> tuple[list[CandidateNumbers], str, st
     results, verdict, proto = analysed(handle, settle=False)
     table = render_markdown([ranked_table(results, verdict, proto)])
     lead = VerdictText(short_verdict(results, verdict), ranked_line(results, verdict, proto),
-                   headline(results, verdict, proto))
+                       headline(results, verdict, proto), proto.data)
     numbers = []  # in the table's order: best first
     by_name = {r.name: r for r in results}
     for r in (by_name[name] for name in verdict.order):
@@ -122,9 +123,14 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, metho
         f"evaluation length {length}; mean and {method} interval "
         f"over the confirmation seeds ({seeds}); Δ and p against the baseline {cfg.baseline} "
         f"on matched seeds."
+        + (f" Data read: {lead.data}." if lead is not None and lead.data else "")
         + ("" if complete else " **Not every confirmation seed has finished.**"),
         "",
         table.strip(),
+        "",
+        "In the study's ranked runs view (`harness ui`) a candidate's group row shows the mean "
+        "over its confirmation seeds without its interval: MLflow groups by min, average or max "
+        "only. The intervals are in the tables above (and in `CANDIDATE/ci_low`, `/ci_high`).",
         "",
         f"Child runs are named `CANDIDATE/tune/trial-N` and `CANDIDATE/confirm/seed-S` and tagged "
         f"`harness.candidate`, `harness.phase`, `harness.seed`, `harness.trial_number`: group by "

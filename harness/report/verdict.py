@@ -67,6 +67,13 @@ class Verdict:
     failed_seeds: list[str] = field(default_factory=list)
     #: key -> {candidate: value (with "(searched)" / "(matched)")}, fixed values that differ
     fixed_differences: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: handicaps the analysis found that limit how far the verdict can be trusted, each as
+    #: (a few words for a title, a sentence): :func:`caveats`
+    caveats: list[tuple[str, str]] = field(default_factory=list)
+    #: candidates whose every seed scored the objective's bound (accuracy 1, loss 0), and
+    #: the evaluation length that still separates them (None: none does)
+    saturated: list[str] = field(default_factory=list)
+    separating_length: int | None = None
 
     @property
     def resolved(self) -> bool:
@@ -113,7 +120,89 @@ def analyze(results: list[CandidateResult], protocol: Protocol) -> Verdict:
     verdict.param_notes = _params(results, protocol)
     verdict.failed_seeds = [failed_seeds_text(r) for r in results if r.failed_seeds]
     verdict.fixed_differences = fixed_differences(results)
+    verdict.saturated, verdict.separating_length = saturation(results, protocol)
+    verdict.caveats = caveats(results, verdict, protocol)
     return verdict
+
+
+# -- caveats -----------------------------------------------------------------------------------
+#: The best value a metric can reach: accuracy-like metrics 1, error-like ones 0, perplexity 1.
+BOUNDS = {"acc": 1.0, "exact": 1.0, "exact_match": 1.0, "f1": 1.0, "macro_f1": 1.0,
+          "loss": 0.0, "bpc": 0.0, "bpb": 0.0, "per": 0.0, "wer": 0.0, "cer": 0.0, "error": 0.0,
+          "ppl": 1.0}
+#: a value this close to its metric's bound is at it (metrics are logged as float32)
+AT_BOUND = 1e-6
+
+
+def saturation(results: list[CandidateResult], protocol: Protocol) -> tuple[list[str], int | None]:
+    """Candidates whose every confirmation seed reached the objective's bound (a ceiling such
+    as accuracy 1, or a floor such as loss 0: the objective cannot tell them apart), when
+    there are at least two, and the evaluation length that still separates them: the longest
+    one at which their means differ (None: none does)."""
+    bound = BOUNDS.get(protocol.metric)
+    if bound is None:
+        return [], None
+    at = [r.name for r in results
+          if r.seeds and all(abs(s.value - bound) <= AT_BOUND for s in r.seeds)]
+    if len(at) < 2:
+        return [], None
+    by_name = {r.name: r for r in results}
+    for n in sorted(protocol.lengths, reverse=True):
+        if n == protocol.length:
+            continue
+        means = [by_name[a].by_length.get(n) for a in at]
+        values = [m for m in means if m is not None and math.isfinite(m)]
+        if len(values) == len(at) and max(values) - min(values) > AT_BOUND:
+            return at, n
+    return at, None
+
+
+def caveats(results: list[CandidateResult], verdict: Verdict, protocol: Protocol
+            ) -> list[tuple[str, str]]:
+    """What the report detects that limits the verdict: tuned values at the edge of their
+    range, parameter counts that differ (or miss the target) by more than
+    :data:`PARAM_TOLERANCE`, failed confirmation seeds, an objective at its bound for several
+    candidates. Each as (a few words for a title, a sentence for the verdict's first line)."""
+    out = []
+    edged = [r for r in results if r.edges]
+    if edged:
+        keys = sorted({e.split(" ")[0].rsplit(".", 1)[-1] for r in edged for e in r.edges})
+        out.append((f"{'/'.join(keys)} at range edge ({len(edged)} of {len(results)})",
+                    f"the tuned {', '.join(keys)} of {len(edged)} of {len(results)} candidates "
+                    f"({', '.join(r.name for r in edged)}) sit at the edge of the searched range, "
+                    f"so their optimum may lie outside it (Parameters)"))
+    counts = {r.name: r.cost.get("params", math.nan) for r in results}
+    counts = {k: v for k, v in counts.items() if math.isfinite(v) and v > 0}
+    off = [r.name for r in results if r.params_off is not None and abs(r.params_off) > PARAM_TOLERANCE]
+    if protocol.param_target and off:
+        out.append((f"params off target ({len(off)})",
+                    f"{', '.join(off)} {'misses' if len(off) == 1 else 'miss'} budget.params by more than {PARAM_TOLERANCE:.0%}, so "
+                    f"the comparison is not at equal size"))
+    elif not protocol.param_target and len(counts) > 1:
+        spread = max(counts.values()) / min(counts.values()) - 1
+        if spread > PARAM_TOLERANCE:
+            out.append((f"params differ {spread:.0%}",
+                        f"parameter counts differ by up to {spread:.0%} "
+                        f"({min(counts.values()):,.0f} to {max(counts.values()):,.0f}), so the "
+                        f"comparison is not at equal size"))
+    failed = [r for r in results if r.failed_seeds]
+    if failed:
+        out.append(("failed seeds: " + ", ".join(
+                        f"{r.name} {len(r.failed_seeds)}/{len(r.failed_seeds) + len(r.seeds)}"
+                        for r in failed),
+                    "confirmation seeds failed (" + "; ".join(
+                        f"{r.name} {len(r.failed_seeds)} of {len(r.failed_seeds) + len(r.seeds)}"
+                        for r in failed) + "), and the means use only the seeds that finished"))
+    if verdict.saturated:
+        bound = BOUNDS[protocol.metric]
+        where = (f"val/{protocol.metric} at length {verdict.separating_length} still separates "
+                 f"them (by evaluation length, below)" if verdict.separating_length is not None
+                 else "no evaluation length separates them either")
+        out.append((f"objective saturated ({len(verdict.saturated)} at {bound:g})",
+                    f"the objective is saturated: {', '.join(verdict.saturated)} score "
+                    f"{protocol.objective} = {bound:g} on every seed, so it cannot rank them; "
+                    f"{where}"))
+    return out
 
 
 def _per_candidate(results: list[CandidateResult], protocol: Protocol) -> None:

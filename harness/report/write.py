@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.report.collect import CandidateResult, Protocol, collect, protocol
+from harness.report.collect import CandidateResult, Protocol, collect, protocol, with_data
 from harness.report.document import document
 from harness.report.export import (
     DEFAULT_FORMATS,
@@ -45,8 +45,8 @@ def analysed(handle: StudyHandle, settle: bool = True
     prog = progress(handle)
     if settle:
         settle_parent(handle, prog)
-    proto = protocol(handle, prog.complete)
     results = collect(handle)
+    proto = with_data(protocol(handle, prog.complete), results, handle.config)
     return results, analyze(results, proto), proto
 
 

@@ -31,6 +31,7 @@ from harness.keys import Metric
 from harness.nn.checkpointing import checkpoint_blocks
 from harness.run import checkpoint, distributed
 from harness.run.build import Built
+from harness.run.console import StepBar
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import Resume, ResumedLogger
@@ -102,7 +103,8 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         gradient_clip_val=clip,
         logger=logger,
         callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers, *callbacks,
-                   distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None)],
+                   distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None),
+                   *([StepBar()] if t.progress else [])],
         profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,

@@ -166,6 +166,9 @@ def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted
     tracker.log_series(run_id, length_curves(evaluation.metrics))  # the UI charts the curve
     if evaluation.not_applicable:
         tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, evaluation.not_applicable))})
+    data = built.task.data_summary()
+    if data:
+        tracker.set_tags(run_id, {Tag.DATA: data, Tag.DATA_PARAMS: ",".join(built.task.data_params)})
     _log_figures(tracker, run_id, p, built, fitted, evaluation)
 
 

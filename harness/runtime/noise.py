@@ -18,16 +18,52 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from harness.errors import HarnessWarning
 
 #: Warnings about a library's own internals (module regexes of where they are raised).
 INTERNAL_WARNINGS = (r"(lightning|lightning_fabric|pytorch_lightning|torch|mlflow|optuna|"
                      r"optuna_integration|pydantic|sqlalchemy|alembic|matplotlib)(\..*)?$")
 
 
+#: the harness's own modules: a warning raised there is the harness's
+_HARNESS = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+def _show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+          file: TextIO | None = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` that prints the harness's warnings (a
+    :class:`~harness.errors.HarnessWarning`, or one raised in a harness module) as its own
+    line, ``warning: TEXT``, and leaves any other to Python's format."""
+    # a caller recording warnings (catch_warnings(record=True), pytest.warns) gets them all
+    recording = isinstance(getattr(getattr(warnings, "_showwarnmsg_impl", None), "__self__", None), list)
+    if not recording and (issubclass(category, HarnessWarning)
+                          or os.path.abspath(filename).startswith(_HARNESS)):
+        print(f"warning: {message}", file=file or sys.stderr, flush=True)
+        return
+    _python_show(message, category, filename, lineno, file, line)
+
+
+_python_show = warnings.showwarning
+
+
+def own_warning_lines() -> None:
+    """Show the harness's warnings as ``warning: ...`` lines from now on (idempotent)."""
+    if warnings.showwarning is not _show:
+        global _python_show
+        _python_show = warnings.showwarning
+        warnings.showwarning = _show
+
+
 def quiet() -> None:
-    """Silence the libraries' INFO chatter and internal warnings (idempotent)."""
+    """Silence the libraries' INFO chatter and internal warnings (idempotent); the harness's
+    own warnings become ``warning: ...`` lines."""
+    own_warning_lines()
     # Every logger's INFO and DEBUG records, whatever handlers the libraries attach when
     # they are imported later (Lightning puts its own on the "lightning" logger); the
     # harness itself prints, it does not log.
@@ -55,7 +91,8 @@ def quieted(verbose: bool | None = None) -> Iterator[None]:
         yield
         return
     before = logging.root.manager.disable
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # restores showwarning too
+        own_warning_lines()
         warnings.filterwarnings("ignore", module=INTERNAL_WARNINGS)
         logging.disable(max(before, logging.INFO))
         try:

@@ -63,11 +63,19 @@ def ensure_home() -> Path:
     """:func:`home`, created if missing; a clean error when it cannot be a folder (a file of
     that name, a read-only parent)."""
     path = checked_home()
+    new = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HarnessError(f"the harness's store folder {path} cannot be created ({exc.strerror}); "
                            f"nothing was written. Point HARNESS_HOME at a writable folder.") from None
+    if new and not os.environ.get(ENV_HOME):
+        import sys
+
+        # a command run outside the project would otherwise record into a store nobody looks at
+        print(f"harness: no .harness store in {path.parent} or its parents: created a new one, "
+              f"{path} (runs from other folders use theirs; set HARNESS_HOME to pick one, and "
+              f"run `harness ui` from this folder to see these runs)", file=sys.stderr, flush=True)
     return path
 
 

@@ -195,6 +195,11 @@ def _study_run(args: argparse.Namespace) -> int:
     print(f"study '{handle.name}': {len(cfg.candidates)} candidate(s) x ({cfg.budget.trials} "
           f"tuning trials + {cfg.confirm.seeds} confirmation seeds); MLflow parent run "
           f"{handle.parent_run_id}; browse with `harness ui --study {handle.name}`", flush=True)
+    from harness.study.estimate import estimate, runs_left
+
+    guess = estimate(space, runs_left(handle), args.workers)
+    if guess is not None:
+        print(guess.line(), flush=True)
     metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "")
     from harness.study.spawn import extra_workers, log_path, worker_command, worker_env
 

@@ -115,16 +115,15 @@ class Objective(Strict):
 
     @model_validator(mode="after")
     def _infer_direction(self) -> Objective:
+        """The direction of a metric the harness knows; another metric's is asked for by
+        :func:`harness.study.space.validate`, once it has said which metrics the task logs
+        (a misspelt metric is then named as such, not asked a direction)."""
         if self.direction is None:
             base = self.metric.rsplit("/", 1)[-1] if self.downstream else self.metric
             if base in MINIMIZE:
                 self.direction = "minimize"
             elif base in MAXIMIZE:
                 self.direction = "maximize"
-            else:
-                raise ValueError(
-                    f"direction is required for metric '{self.metric}' (maximize or minimize)"
-                )
         return self
 
 
@@ -524,6 +523,7 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         base = Path(path).resolve().parent
         data["plugins"] = [str((base / p).resolve()) for p in plugins]
+    _absolute_data_paths(data)
     if name is not None:
         data["name"] = name
     else:
@@ -537,6 +537,41 @@ def load_study_config(path: str | Path, name: str | None = None, profile: str | 
         data["name"] = f"{stem}-{chosen}" if chosen else stem
     data["profile"] = chosen
     return parse_study_config(data, str(path))
+
+
+#: endings of a task param that names a file even without a folder in it
+_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".txt", ".bz2", ".gz", ".xz")
+
+
+def _absolute_data_paths(data: dict[str, Any]) -> None:
+    """Task params that name files or folders relative to the working folder
+    (``path: corpora/mine``, ``train: data/*.jsonl``) made absolute when the study is
+    created: the record, the workers and the report then name the same data wherever a
+    command runs from. A param counts as a path when it has a folder in it or a data file's
+    ending, and it (or its glob, or its parent folder: a corpus prepared on first use)
+    exists; names such as ``shakespeare`` or ``bpe:1024`` are left as they are."""
+    import glob
+    import os
+
+    def fix(params: Any) -> None:
+        if not isinstance(params, dict):
+            return
+        for key, value in params.items():
+            if not isinstance(value, str) or not value or "\n" in value:
+                continue
+            p = Path(value)
+            if p.is_absolute() or value.startswith("~") or not (
+                    "/" in value or value.endswith(_DATA_SUFFIXES)):
+                continue
+            if p.exists() or glob.glob(value) or (p.parent != Path(".") and p.parent.is_dir()):
+                params[key] = os.path.abspath(value)
+
+    task = data.get("task")
+    if isinstance(task, dict):
+        fix(task.get("params"))
+    for cand in data.get("candidates") or []:
+        if isinstance(cand, dict) and isinstance(cand.get("task"), dict):
+            fix(cand["task"])
 
 
 def protocol_params(config: StudyConfig) -> dict[str, Any]:

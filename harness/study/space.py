@@ -33,7 +33,7 @@ from harness.study.candidates import (
     parse_range,
     range_values,
 )
-from harness.study.schema import StudyConfig
+from harness.study.schema import MAXIMIZE, MINIMIZE, StudyConfig
 
 #: Training settings a study may search, with their type.
 TRAIN_SEARCHABLE: dict[str, type] = {
@@ -398,13 +398,20 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
     logged = logged_metrics(space.task)
     if logged is not None and config.objective.metric not in logged and not config.objective.downstream:
-        close = difflib.get_close_matches(config.objective.metric, sorted(logged), n=1)
+        metric = config.objective.metric
+        close = difflib.get_close_matches(metric, sorted(logged), n=1) or [
+            m for m in sorted(logged) if metric.startswith(m) or m.startswith(metric)][:1]
         raise ConfigError(
             f"objective.metric: task '{tspec.name}' does not log '{config.objective.metric}'"
             + (f" (did you mean '{close[0]}'?)" if close else "")
             + f"; its runs log {', '.join(sorted(logged))} (as val/METRIC). Every trial would "
             f"fail: nothing was created."
         )
+    if config.objective.direction is None:
+        raise ConfigError(
+            f"objective.direction is required for metric '{config.objective.metric}' (maximize "
+            f"or minimize): the harness knows the direction of "
+            f"{', '.join(sorted(MINIMIZE | MAXIMIZE))} only. Add direction: to objective.")
     length = config.objective.length
     if length is not None and length not in space.eval_lengths:
         raise ConfigError(
@@ -417,6 +424,13 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         space.notes.append(
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
         )
+    elif config.pruner.name != "none" and space.objective_length != space.train_length:
+        space.notes.append(
+            f"pruner '{config.pruner.name}' compares tuning trials by val/"
+            f"{config.objective.metric} at the training length {space.train_length} (the only "
+            f"length validated while training), not at the objective's length "
+            f"{space.objective_length}: a trial that extrapolates well may be stopped early. "
+            f"pruner: {{name: none}} tunes on the objective alone")
     if config.confirm.vary_data and _same_data(space):
         space.notes.append(f"confirm.vary_data has no effect: the data of task "
                            f"'{config.task.name}' does not depend on its seed")

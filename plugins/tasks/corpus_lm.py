@@ -18,7 +18,9 @@ bytes. ``length`` is in tokens of the corpus's tokenizer.
 * **val / test**: ``eval_tokens`` consecutive tokens of the split, from an offset drawn from
   the task seed (``train.data_seed``) past the first ``max(eval_lengths)`` tokens, are scored
   at *every* evaluation length and by both protocols: the same text for every candidate and
-  every length. A split needs ``eval_tokens + 1 + max(eval_lengths)`` tokens. Protocols as ``char_lm``: ``windows`` (consecutive
+  every length. A split with fewer than ``eval_tokens + 1 + max(eval_lengths)`` tokens is
+  scored whole past its first ``max(eval_lengths)`` (a warning and the tag
+  ``harness.warnings`` say so); it needs at least one window of the longest length. Protocols as ``char_lm``: ``windows`` (consecutive
   windows, all scored) or ``sliding`` (windows advancing by ``score_last``, scoring their last
   ``score_last`` tokens; context before the scored text is read, unscored).
 * **documents**: ``packed`` (the default): a window is one stream, so attention reads the
@@ -95,6 +97,28 @@ class CorpusLMConfig(TaskConfig):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def meaningless(self) -> list[str]:
+        """A val or test split shorter than ``eval_tokens`` (read from the manifest where the
+        corpus is prepared): the whole split is scored instead (:func:`scored_tokens`)."""
+        manifest = folder_and_source(self)[0] / "manifest.json"
+        try:
+            splits = json.loads(manifest.read_text())["splits"]
+            held = {s: sum(int(x["tokens"]) for x in splits[s]["shards"]) for s in ("val", "test")}
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        room = max((self.length, *self.eval_lengths))
+        short = {split: (tokens, scored_tokens(self.eval_tokens, tokens, room))
+                 for split, tokens in held.items()}
+        short = {k: v for k, v in short.items() if room <= v[1] < self.eval_tokens}
+        if not short:
+            return []
+        return [f"eval_tokens {self.eval_tokens:,} is more than the "
+                f"{' and '.join(short)} split{'s' if len(short) > 1 else ''} of {manifest.parent} "
+                f"hold{'' if len(short) > 1 else 's'} ("
+                + ", ".join(f"{split} {tokens:,} tokens" for split, (tokens, _) in short.items())
+                + f", {room:,} of them kept as context): the whole split is scored ("
+                + ", ".join(f"{split} {n:,} tokens" for split, (_, n) in short.items()) + ")"]
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eval_protocol not in ("windows", "sliding"):
@@ -106,6 +130,12 @@ class CorpusLMConfig(TaskConfig):
         if longest > self.eval_tokens:
             raise ValueError(f"evaluation length {longest} is longer than the scored text "
                              f"(eval_tokens = {self.eval_tokens}); raise eval_tokens.")
+
+
+def scored_tokens(eval_tokens: int, split_tokens: int, context: int) -> int:
+    """Tokens a split scores: ``eval_tokens``, or all the split holds after ``context`` tokens
+    of room (and the one token the last prediction reads) when it holds fewer."""
+    return max(0, min(eval_tokens, split_tokens - 1 - context))
 
 
 def _safe(text: str) -> str:
@@ -161,6 +191,7 @@ class CorpusLMTask(Task):
     task_kind = "lm"
     report_perplexity = True
     streams = True
+    data_params = ("path", "source", "tokenizer")
     config: CorpusLMConfig
 
     def __init__(self, config: CorpusLMConfig, *, seed: int) -> None:
@@ -173,24 +204,48 @@ class CorpusLMTask(Task):
         # room before the scored text for the sliding protocol's context, kept by both
         # protocols so that they score the same text
         self.context = context = max(self.eval_lengths)
+        #: tokens scored per split: eval_tokens, or the whole split when it is smaller
+        #: (CorpusLMConfig.meaningless says so); never less than one window of the longest length
+        self.scored: dict[str, int] = {}
         for split in ("val", "test"):
-            self.corpus.require(split, config.eval_tokens + 1 + context,
-                                f"the scored text (eval_tokens {config.eval_tokens} + 1, after "
-                                f"{context} tokens of room for context)")
+            self.corpus.require(split, context + 1 + context,
+                                f"the scored text (at least one window of {context} tokens + 1, "
+                                f"after {context} tokens of room for context)")
+            self.scored[split] = scored_tokens(config.eval_tokens, self.corpus.split(split).tokens,
+                                               context)
 
     def eval_start(self, split: str) -> int:
         """Where the scored text of ``split`` starts: drawn from the task seed, the same at
         every length."""
         tokens = self.corpus.split(split).tokens
         rng = random.Random(self.split_seed(split, 0))
-        return rng.randrange(self.context, tokens - self.config.eval_tokens)
+        return rng.randrange(self.context, tokens - self.scored[split])
+
+    def data_summary(self) -> str:
+        """The prepared folder's manifest in one line: folder, sources, tokenizer, tokens per
+        split and the manifest's SHA-256 (which changes whenever the folder is prepared
+        again)."""
+        m = self.corpus.manifest
+        digest = hashlib.sha256((self.corpus.root / "manifest.json").read_bytes()).hexdigest()[:12]
+        sources = m.get("sources") or []
+        names = [Path(str(s.get("path", "?"))).name for s in sources[:3]]
+        if len(sources) > 3:
+            names.append(f"{len(sources) - 3} more")
+        size = sum(int(s.get("size", 0)) for s in sources)
+        tok = m.get("tokenizer") or {}
+        splits = m.get("splits") or {}
+        counts = "/".join(f"{int((splits.get(s) or {}).get('tokens', 0)):,}" for s in ("train", "val", "test"))
+        return (f"prepared corpus {self.corpus.root.resolve()} (manifest sha256 {digest}): "
+                f"{len(sources)} source file(s), {size:,} bytes ({', '.join(names)}); tokenizer "
+                f"{tok.get('spec', '?')} ({tok.get('vocab_size', '?')} tokens); train/val/test "
+                f"{counts} tokens")
 
     def generate(self, split: str, length: int) -> list[Example]:
         if split == "train":  # a sample for inspection and checks; training streams
             starts = window_starts(self.train.tokens, length, SAMPLE, seed=self.split_seed("train", length), step=0)
             return [{"tokens": self.train.read(int(s), length + 1).tolist()} for s in starts]
         data = self.corpus.split(split)
-        start, budget = self.eval_start(split), self.config.eval_tokens
+        start, budget = self.eval_start(split), self.scored[split]
         if self.config.eval_protocol == "windows":
             return lm_windows(data.read(start, budget + 1).tolist(), length)
         k = self.config.score_last
