@@ -204,7 +204,7 @@ class HarnessLM(TemplateLM):  # type: ignore[misc]
         """The text the model writes after ``context`` (see the module for the rules)."""
         import torch
 
-        from harness.run.trained import next_token
+        from harness.run.trained import continuation
 
         stops = [until] if isinstance(until, str) else list(until or [])
         limit = _int(max_gen_toks, "max_gen_toks", DEFAULT_GEN_TOKS)
@@ -216,27 +216,15 @@ class HarnessLM(TemplateLM):  # type: ignore[misc]
         ids = self.tok_encode(context) or [self.prefix_id_for_generation()]
         ids = ids[-(self.max_length - limit + 1):]  # the last new token is never read
         generator = torch.Generator().manual_seed(self.seed)
-        model, device = self.model, self.device
-        cached = hasattr(model, "new_cache")
         new: list[int] = []
         with torch.no_grad():
-            tokens = torch.tensor([ids], device=device)
-            cache = model.new_cache() if cached else None
-            logits = model(tokens, cache=cache) if cached else model(tokens)
-            while len(new) < limit:
-                nxt = next_token(logits[0, -1], temp, None, None, generator)
+            for nxt in continuation(self.model, ids, temp, None, None, generator):
                 if nxt in self.codec.stop_ids:
                     break
                 new.append(nxt)
                 text = self.tok_decode(new)
-                if any(s and s in text for s in stops):
+                if len(new) == limit or any(s and s in text for s in stops):
                     break
-                step = torch.tensor([[nxt]], device=device)
-                if cached:
-                    logits = model(step, cache=cache)
-                else:
-                    tokens = torch.cat([tokens, step], dim=1)
-                    logits = model(tokens)
         text = self.tok_decode(new)
         for stop in stops:
             if stop:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,23 +310,35 @@ def generate(trained: Trained, prompt: list[int], *, max_new_tokens: int = 32, t
         context = list(prompt) + ([SEP] if trained.task_kind == "seq2seq" else [])
         if trained.task_kind == "lm" and not context:
             context = [BOS]
-        tokens = torch.tensor([context], device=device)
         out: list[int] = []
-        cached = use_cache and hasattr(model, "new_cache")
-        cache = model.new_cache() if cached else None
-        logits = model(tokens, cache=cache) if cached else model(tokens)
-        for _ in range(max_new_tokens):
-            nxt = next_token(logits[0, -1], temperature, top_k, top_p, generator)
+        for nxt in continuation(model, context, temperature, top_k, top_p, generator, use_cache):
             out.append(nxt)
-            if nxt == EOS:
+            if nxt == EOS or len(out) == max_new_tokens:
                 break
-            step = torch.tensor([[nxt]], device=device)
-            if cached:
-                logits = model(step, cache=cache)
-            else:
-                tokens = torch.cat([tokens, step], dim=1)
-                logits = model(tokens)
         return _until_eos(out)
+
+
+def continuation(model: Any, context: list[int], temperature: float, top_k: int | None,
+                 top_p: float | None, generator: Any, use_cache: bool = True) -> Iterator[int]:
+    """The tokens a language model writes after ``context``, one at a time, for as long as
+    the caller reads: through the model's cache when it has one (``new_cache``), else by
+    running the whole sequence again. Call under ``torch.no_grad()``; the caller stops."""
+    import torch
+
+    device = next(model.parameters()).device
+    tokens = torch.tensor([context], device=device)
+    cached = use_cache and hasattr(model, "new_cache")
+    cache = model.new_cache() if cached else None
+    logits = model(tokens, cache=cache) if cached else model(tokens)
+    while True:
+        nxt = next_token(logits[0, -1], temperature, top_k, top_p, generator)
+        yield nxt
+        step = torch.tensor([[nxt]], device=device)
+        if cached:
+            logits = model(step, cache=cache)
+        else:
+            tokens = torch.cat([tokens, step], dim=1)
+            logits = model(tokens)
 
 
 def _until_eos(ids: list[int]) -> list[int]:
