@@ -95,3 +95,19 @@ def test_fit_candidate_adds_the_surface_with_the_tokens_of_each_run():
     assert sf.tokens_of(sf.Run(6e18, 1e6, 0, 2.0), "flops") == 1e12
     assert sf.tokens_of(sf.Run(5e9, 1e6, 0, 2.0), "tokens") == 5e9
     assert sf.tokens_of(sf.Run(6e18, 1e6, 0, 2.0, tokens=7e11), "flops") == 7e11
+
+
+def test_a_replicate_started_where_the_point_put_e_near_zero_can_still_find_the_floor():
+    """The bootstrap refits each replicate from the point fit; where that put E near 0 its
+    gradient in log E vanishes, so a start there alone never leaves it (zero-width intervals
+    at E ~ 1e-9 in the scaling_lm report). A second start at half the lowest loss finds a
+    floor the data has; a floor the data lacks is reported as not identified."""
+    truth = ss.Surface(1.69, 406.4, 410.7, 0.34, 0.28)
+    n = np.repeat(np.logspace(7, 10, 6), 5)
+    d = np.tile(np.logspace(9, 12, 5), 6)
+    stuck = ss.Surface(1e-9, 406.4, 410.7, 0.34, 0.28)
+    assert ss.fit_surface(n, d, truth(n, d), start=stuck).E == pytest.approx(1.69, rel=1e-2)
+    with_floor = ss.fit_with_intervals(n, d, truth(n, d), n_boot=20)
+    assert with_floor.e_identified
+    no_floor = ss.fit_with_intervals(n, d, truth(n, d) - 1.69 + 1e-9, n_boot=20)
+    assert not no_floor.e_identified and no_floor.surface.E < 1e-3 * no_floor.lowest_loss

@@ -116,6 +116,7 @@ class Protocol:
     description: str = ""
     untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
     data: str = ""  # what the runs read, from their manifest (:func:`with_data`); empty: generated
+    scaling: bool = False  # a scaling study: its cells differ in size by design
 
     @property
     def alpha(self) -> float:
@@ -147,7 +148,7 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
-        description=cfg.description.strip(), untuned=b.trials < 2)
+        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None)
 
 
 def with_data(proto: Protocol, results: list[CandidateResult], cfg: Any) -> Protocol:

@@ -189,7 +189,9 @@ def fit_sentences(a: ScalingAnalysis) -> list[str]:
         if s is None:
             continue
         n_opt, d_opt = s.optimum(s.largest_compute)
-        out.append(f"{name}, approach 3: L(N, D) = E + A/N^α + B/D^β with E = {_est(s.E)}, "
+        e = (_est(s.E) if s.e_identified else f"{s.surface.E:.3g} (about 0: these runs show no "
+             f"irreducible loss, so E is not identified and its interval is not given)")
+        out.append(f"{name}, approach 3: L(N, D) = E + A/N^α + B/D^β with E = {e}, "
                    f"α = {_est(s.alpha)}, β = {_est(s.beta)}; N*(C) ∝ C^a with a = β/(α+β) = "
                    f"{_est(s.a)}; at the largest run's C = 6ND = {s.largest_compute:.3g} FLOPs, "
                    f"N* = {_est(n_opt)} parameters and D* = {_est(d_opt)} tokens "

@@ -125,9 +125,11 @@ def fit_surface(n: Sequence[float] | np.ndarray, d: Sequence[float] | np.ndarray
         raise ValueError("a loss-surface fit needs at least 3 distinct sizes and 3 distinct token counts")
     x0, y0 = float(np.mean(np.log(N))), float(np.mean(np.log(D)))
     x, y, z = np.log(N) - x0, np.log(D) - y0, np.log(L)
-    if start is not None:
-        starts = [(math.log(start.E), math.log(start.A) - start.alpha * x0,
-                   math.log(start.B) - start.beta * y0, start.alpha, start.beta)]
+    if start is not None:  # from the point fit, and with E at half the lowest loss: where the
+        # point put E near 0, its gradient in log E vanishes and a replicate could never leave it
+        e_starts = {math.log(start.E), math.log(0.5 * float(L.min()))}
+        starts = [(e, math.log(start.A) - start.alpha * x0, math.log(start.B) - start.beta * y0,
+                   start.alpha, start.beta) for e in sorted(e_starts)]
     else:
         lo, mean = float(L.min()), float(L.mean())
         starts = [(math.log(fe * lo), math.log(fa * mean), math.log(fb * mean), al, be)
@@ -191,6 +193,13 @@ class SurfaceFit:
     confidence: float
     replicates: list[Surface] = field(default_factory=list)
     largest_compute: float = math.nan  # the largest 6ND among the runs fitted
+    lowest_loss: float = math.nan  # the lowest loss among the runs fitted
+
+    @property
+    def e_identified(self) -> bool:
+        """False when the fit puts the irreducible loss E at about 0 (below a thousandth of the
+        lowest loss): the runs show no floor, so E and its interval say nothing."""
+        return 1e-3 * self.lowest_loss <= self.surface.E
 
     def optimum(self, compute: float) -> tuple[Interval, Interval]:
         """N*(C) and D*(C) at compute C = 6ND with their percentile intervals."""
@@ -230,4 +239,5 @@ def fit_with_intervals(n: Sequence[float], d: Sequence[float], loss: Sequence[fl
 
     return SurfaceFit(point, iv("E", point.E), iv("A", point.A), iv("B", point.B),
                       iv("alpha", point.alpha), iv("beta", point.beta), iv("a", point.a),
-                      int(N.size), len(members), confidence, reps, float(np.max(6 * N * D)))
+                      int(N.size), len(members), confidence, reps, float(np.max(6 * N * D)),
+                      float(L.min()))

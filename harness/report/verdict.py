@@ -178,8 +178,8 @@ def caveats(results: list[CandidateResult], verdict: Verdict, protocol: Protocol
         out.append((f"params off target ({len(off)})",
                     f"{', '.join(off)} {'misses' if len(off) == 1 else 'miss'} budget.params by more than {PARAM_TOLERANCE:.0%}, so "
                     f"the comparison is not at equal size"))
-    elif not protocol.param_target and len(counts) > 1:
-        spread = max(counts.values()) / min(counts.values()) - 1
+    elif not protocol.param_target and not protocol.scaling and len(counts) > 1:  # a scaling grid's
+        spread = max(counts.values()) / min(counts.values()) - 1  # sizes differ by design
         if spread > PARAM_TOLERANCE:
             out.append((f"params differ {spread:.0%}",
                         f"parameter counts differ by up to {spread:.0%} "
@@ -328,7 +328,7 @@ def _params(results: list[CandidateResult], protocol: Protocol) -> list[str]:
                     notes.append(f"{r.name} has {counts[r.name]:,.0f} parameters, {r.params_off:+.1%} "
                                  f"off the target budget.params = {target:,} (more than "
                                  f"{PARAM_TOLERANCE:.0%}): its comparison is not at equal size.")
-    elif len(counts) > 1 and min(counts.values()) > 0:
+    elif len(counts) > 1 and min(counts.values()) > 0 and not protocol.scaling:
         spread = max(counts.values()) / min(counts.values()) - 1
         if spread > PARAM_TOLERANCE:
             notes.append(f"No parameter target (budget.params): the candidates' parameter counts "
