@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from copy_model import COPY, train_copy
 
 import harness
 from harness.cli.main import main
@@ -22,22 +23,13 @@ from harness.run import trained as t
 from harness.run.pipeline import train
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = {"task": {"name": "copy", "params": {"length": 4, "vocab": 5, "num_train": 400, "num_val": 32}},
-        "model": {"name": "transformer", "params": {"d_model": 32, "layers": 1, "heads": 2}},
-        "train": {"max_steps": 160, "batch_size": 32, "val_every": 160, "progress": False,
-                  "num_threads": 1, "lr": 1e-2, "warmup_steps": 20, "log_attention": False}}
 
 
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     """(run id, tracking URI, store) of a model trained to 100% on copy."""
     root = tmp_path_factory.mktemp("generate")
-    uri = f"sqlite:///{root / 'm.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HARNESS_HOME", str(root / "home"))
-        result = train({**COPY, "tracking": {"uri": uri}})
-        assert result.metrics["val/exact"] == 1.0
-        yield result.run_id, uri, root
+    return (*train_copy(root), root)
 
 
 @pytest.fixture
