@@ -6,7 +6,7 @@ measured element-wise throughput.
 Bahdanau's score vᵀ tanh(W_q q_i + W_k k_j) has no matrix product to hide in: every
 (query, key) pair needs its own d_att-wide hidden vector. With P = B x heads x L x L x d_att
 hidden units, one forward + backward pass of the memory-bounded form
-(``plugins/attention/additive.py``: blocks recomputed under checkpointing) streams P-sized
+(``harness_plugins/attention/additive.py``: blocks recomputed under checkpointing) streams P-sized
 tensors through these element-wise kernels:
 
     forward            add (q_i + k_j), tanh, the v-weighted sum over d_att (a reduction)

@@ -16,13 +16,13 @@ import lightning as L
 import numpy as np
 import pytest
 import sacrebleu
-from harness_plugins.tasks.seq2seq_pairs import text_metrics, text_statistics
-from harness_plugins.tasks.text_classification import macro_f1
 
 import harness
 from harness.cli.main import main
 from harness.errors import ConfigError
 from harness.nn.decoding import greedy
+from harness_plugins.tasks.seq2seq_pairs import text_metrics, text_statistics
+from harness_plugins.tasks.text_classification import macro_f1
 
 TINY_TRAIN = {"max_steps": 4, "batch_size": 8, "val_every": 4, "warmup_steps": 0, "lr": 3e-3,
               "accelerator": "cpu", "devices": 1, "num_threads": 1, "progress": False,

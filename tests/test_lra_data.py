@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness_plugins.tasks.lra_image import LraImageConfig, LraImageTask
-from harness_plugins.tasks.lra_retrieval import LraRetrievalConfig, LraRetrievalTask
-from harness_plugins.tasks.lra_text import LraTextConfig, LraTextTask
 
 import harness
 from harness.data.vocab import SEP
 from harness.errors import ConfigError, MissingDataError
+from harness_plugins.tasks.lra_image import LraImageConfig, LraImageTask
+from harness_plugins.tasks.lra_retrieval import LraRetrievalConfig, LraRetrievalTask
+from harness_plugins.tasks.lra_text import LraTextConfig, LraTextTask
 
 FIRST = 4  # the first symbol id after the specials
 

@@ -9,9 +9,10 @@ import statistics
 
 import numpy as np
 import pytest
+from scipy import ndimage
+
 from harness_plugins.tasks.listops import ListOpsConfig, ListOpsTask
 from harness_plugins.tasks.pathfinder import PathfinderConfig, PathfinderTask
-from scipy import ndimage
 
 # -- ListOps -----------------------------------------------------------------------------------
 

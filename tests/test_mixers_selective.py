@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from harness_plugins.mixers.mamba import Mamba, MambaConfig, selective_scan
-from harness_plugins.mixers.mamba2 import Mamba2, Mamba2Config, ssd
 from mlflow.tracking import MlflowClient
 
 import harness
 from harness.errors import IncompatibleError
 from harness.store import tracking
+from harness_plugins.mixers.mamba import Mamba, MambaConfig, selective_scan
+from harness_plugins.mixers.mamba2 import Mamba2, Mamba2Config, ssd
 
 F64 = torch.float64
 L = 12

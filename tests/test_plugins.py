@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_plugin_module_is_declared_as_an_entry_point():
     modules = {
         f"{path.parent.name}.{path.stem}": f"harness_plugins.{path.parent.name}.{path.stem}"
-        for path in (ROOT / "plugins").glob("*/*.py")
+        for path in (ROOT / "harness_plugins").glob("*/*.py")
         if path.stem != "__init__"
     }
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["harness"]

@@ -23,7 +23,7 @@ import harness
 from harness.data.vocab import EOS, SEP
 from harness.errors import ConfigError
 
-# Pins the shipped data FILE (also stated in plugins/tasks/data/README.md): a change to the
+# Pins the shipped data FILE (also stated in harness_plugins/tasks/data/README.md): a change to the
 # corpus must be deliberate, with its provenance note updated.
 SHAKESPEARE_SHA256 = "a9661b5ed59bf7d0a5152c9d70579090fccb42323836a7b3c800ec048e918273"
 

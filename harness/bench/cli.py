@@ -253,7 +253,7 @@ def add_parsers(subparsers: Any) -> None:
         help="tokens/s, fixed cost and MFU of a config trained through harness.train vs plain PyTorch",
         description="Train a run config (a YAML file and/or --task/--model/--set) for a few steps "
                     "through harness.train, next to a plain-PyTorch reference of the same shapes "
-                    "(benchmarks/reference_models.py), each in a fresh process, alternately; print "
+                    "(harness/bench/reference_models.py), each in a fresh process, alternately; print "
                     "tokens/s, their ratio, the fixed cost per run and MFU, and write a record.",
     )
     p.add_argument("config", nargs="?", help="run config YAML")

@@ -356,7 +356,7 @@ def markdown(settings: Settings, rows: list[Row], tags: dict[str, str], head: st
 - Shapes: mixers and attention d_model {settings.d_model}, {settings.heads} heads, batch {settings.batch};
   mixers at L {', '.join(map(str, settings.mixer_lengths))}, attention up to L {max(settings.attention_lengths)};
   {'bf16 autocast, float32 parameters' if settings.cuda else 'float32 (dry run on the CPU)'}.
-- transformer: `harness.train` against the plain-PyTorch reference (benchmarks/reference_models.py),
+- transformer: `harness.train` against the plain-PyTorch reference (harness/bench/reference_models.py),
   same shapes, precision and compilation, interleaved step by step ({settings.steps} steps,
   the first {settings.warmup} not timed); MFU against the dense bf16 peak.
 - mixers: forward + backward of one layer; `reference` is the pure-PyTorch implementation,

@@ -1,5 +1,5 @@
 """Model benchmark: a run config trained through ``harness.train`` next to a plain-PyTorch
-reference of the same shapes (``benchmarks/reference_models.py``), in one process at one time.
+reference of the same shapes (``harness/bench/reference_models.py``), in one process at one time.
 
 Each repeat is one fresh process (see :mod:`harness.bench.common`) that trains the harness run
 (``harness.train`` with the config, MLflow tracking on, in a store under a temporary
@@ -47,7 +47,7 @@ from typing import Any
 
 from harness.bench import common
 
-REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "reference_models.py"
+REFERENCE = Path(__file__).with_name("reference_models.py")  # shipped in the package
 CPU_PEAK_SIZE = 2048  # torch.mm of two n x n fp32 matrices
 
 
@@ -429,7 +429,7 @@ def markdown(settings: Settings, harness_runs: list[Side], reference_runs: list[
     s = summarise(harness_runs, reference_runs, peak[0])
     first_h = next((x for x in harness_runs if x.tokens_per_s), Side())
     first_r = next((x for x in reference_runs if x.tokens_per_s), Side())
-    reference_line = (f"`benchmarks/reference_models.py` with shapes `{shapes}`" if isinstance(shapes, dict)
+    reference_line = (f"`harness/bench/reference_models.py` with shapes `{shapes}`" if isinstance(shapes, dict)
                       else f"none: {shapes}")
     rows = [
         f"| harness (`harness.train`) | {_fmt(first_h.params, ',')} | {_fmt(first_h.flops_per_token, ',.0f')} "

@@ -1,5 +1,5 @@
 """Pieces shared by the selective state-space mixers (Mamba and Mamba-2, in
-``plugins/mixers/mamba.py`` and ``plugins/mixers/mamba2.py``): their common
+``harness_plugins/mixers/mamba.py`` and ``harness_plugins/mixers/mamba2.py``): their common
 hyper-parameters, a base class whose parallel and recurrent forms are one computation from
 an empty or a cached state, the short causal depthwise convolution that carries its last
 inputs across decoding calls, the initialisation of the step size Δ, and the precision

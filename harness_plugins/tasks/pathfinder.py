@@ -55,8 +55,6 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks.lra import memo
-
 from harness.plugin import (
     Choice,
     Example,
@@ -70,6 +68,7 @@ from harness.plugin import (
     Vocab,
     hookimpl,
 )
+from harness_plugins.tasks.lra import memo
 
 DIRECTIONS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # 45 degrees apart
 MARKER = 255

@@ -166,7 +166,7 @@ def macro_f1(tp: list[float], predicted: list[float], gold: list[float]) -> floa
 
 @hookimpl
 def harness_register_task(register: Any) -> None:
-    sample = Path(__file__).parent / "data" / "labelled_reviews.jsonl"  # made up: plugins/tasks/data/README.md
+    sample = Path(__file__).parent / "data" / "labelled_reviews.jsonl"  # made up: harness_plugins/tasks/data/README.md
     register(TaskSpec(name="text_classification", build=TextClassificationTask, exempt={
         "seeds_differ": "a fixed dataset (your files, split by hash): the task seed changes "
                         "nothing, every seed sees the same records",

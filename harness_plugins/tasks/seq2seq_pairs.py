@@ -176,7 +176,7 @@ def text_metrics(totals: dict[str, float]) -> dict[str, float]:
 
 @hookimpl
 def harness_register_task(register: Any) -> None:
-    sample = Path(__file__).parent / "data" / "labelled_pairs.jsonl"  # made up: plugins/tasks/data/README.md
+    sample = Path(__file__).parent / "data" / "labelled_pairs.jsonl"  # made up: harness_plugins/tasks/data/README.md
     register(TaskSpec(name="seq2seq_pairs", build=Seq2SeqPairsTask, exempt={
         "seeds_differ": "a fixed dataset (your files, split by hash): the task seed changes "
                         "nothing, every seed sees the same pairs",

@@ -89,7 +89,7 @@ def corpus() -> str:
         raise PluginError(
             f"{DATA_FILE} has sha256 {digest}, expected {DATA_SHA256}: the shipped corpus is "
             f"corrupt or was changed. Reinstall the package or rebuild the file as "
-            f"plugins/tasks/data/README.md describes."
+            f"harness_plugins/tasks/data/README.md describes."
         )
     return bz2.decompress(data).decode("ascii")
 

@@ -51,10 +51,10 @@ from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
-from harness_plugins.mixers.rwkv import NO_BIAS, token_shift
 from torch import Tensor, nn
 
 from harness.plugin import Choice, Complexity, Ge, IntRange, Mixer, MixerSpec, fast_path, hookimpl
+from harness_plugins.mixers.rwkv import NO_BIAS, token_shift
 
 NO_QK = ("RWKV-6 carries position information in its decay; the paper rotates neither r nor k, "
          "so a rotary scheme has nothing to act on")

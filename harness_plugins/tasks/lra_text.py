@@ -22,9 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks.lra import readers
-
 from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
+from harness_plugins.tasks.lra import readers
 
 SHUFFLE_SEED = 0  # the fixed order of the reviews, independent of the task seed
 

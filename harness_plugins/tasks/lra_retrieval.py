@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from harness_plugins.tasks.lra import readers
-
 from harness.plugin import SEP, Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
+from harness_plugins.tasks.lra import readers
 
 
 @dataclass

@@ -40,9 +40,8 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks.lra import memo
-
 from harness.plugin import Example, Ge, IntRange, Task, TaskConfig, TaskSpec, Vocab, hookimpl
+from harness_plugins.tasks.lra import memo
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 DIGITS = tuple(str(d) for d in range(10))

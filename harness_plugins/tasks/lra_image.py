@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from harness_plugins.tasks.lra import readers
-
 from harness.plugin import Choice, Example, Ge, Task, TaskConfig, TaskSpec, Vocab, hookimpl
+from harness_plugins.tasks.lra import readers
 
 TRAIN_IMAGES = 45_000  # of CIFAR-10's 50,000; the rest is validation
 
