@@ -83,7 +83,8 @@ def fresh_env(path: Path) -> Path:
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
     # this environment's dependencies, after the fresh environment's own site-packages
-    (Path(site) / "outer.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    outer = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_path("purelib")]
+    (Path(site) / "outer.pth").write_text("".join(f"{p}\n" for p in outer))
     return python
 
 
