@@ -315,15 +315,16 @@ def recurrence_flops(call: Call) -> float:
     width V: scores q kᵀ (C²K), scores·v (C²V), the carried state read q S and written
     kᵀ v (2·C·K·V); the delta rule adds its WY form (k kᵀ, the triangular solve's C³/3, its
     products with k and v, C²(2K + V)) and the state's correction (C·K·V). FLA's fused
-    recurrent delta rule computes it token by token (4·K·V per token: read, correct, write)."""
+    recurrent delta rule computes it token by token (3·K·V per token: the state read at k,
+    its rank-one correction, the output read at q)."""
     a = call.args
-    q = a.get("q", a.get("r"))
-    v = a["v"]
+    q: Tensor = a["q"] if "q" in a else a["r"]
+    v: Tensor = a["v"]
     tokens, heads, k_width = q.shape[1], q.shape[2], q.shape[3]
     v_width = v.shape[3]
     batch = q.shape[0]
     if call.op == "fused_recurrent_delta_rule":
-        per_token = 4.0 * k_width * v_width + 2.0 * k_width
+        per_token = 3.0 * k_width * v_width
     else:
         c = min(CHUNK, tokens)
         per_token = c * (k_width + v_width) + 2.0 * k_width * v_width
