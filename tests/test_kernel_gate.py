@@ -163,3 +163,14 @@ def test_a_run_whose_kernel_passes_says_so_in_its_tag(monkeypatch, registry, har
     _, tags = train_with(monkeypatch, naive, registry)
     assert tags[Tag.KERNEL_GATE].startswith("GLA passed: float32 output")
     assert "warning: the FLA kernel" not in capsys.readouterr().err
+
+
+def test_a_run_resumed_where_the_gate_decides_otherwise_is_the_same_run():
+    """A run that fell back on one device may continue on another whose kernel passes (or the
+    CPU): the implementation is not what the run is, so resuming compares it no more than the
+    torch version."""
+    from harness.run.resume import component_differences
+
+    recorded = {Tag.KERNEL: "reference", Tag.KERNEL_GATE: "GLA failed: ...", "harness.mixer": "gla"}
+    assert component_differences(recorded, {Tag.KERNEL: "fla", "harness.mixer": "gla"}) == []
+    assert component_differences(recorded, {"harness.mixer": "retnet"}) == ["harness.mixer was gla, now retnet"]
