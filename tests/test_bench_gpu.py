@@ -100,6 +100,7 @@ def test_a_section_over_its_cap_is_stopped_and_its_finished_rows_kept(tmp_path, 
         return proof.run_group([sys.executable, "-c", "import time; time.sleep(60)"], timeout)
 
     monkeypatch.setattr(proof, "bench_section", slow_bench)
+    monkeypatch.setattr(proof, "DRY_SLACK", 1.0)
     monkeypatch.setattr(proof, "BUDGET", {**proof.BUDGET, "mixers": (2.0, 1.0), "attention": (50.0, 10_000.0),
                                           "transformer": (110.0, 10_000.0), "decode": (45.0, 10_000.0)})
     outcomes = proof.run(tmp_path / "r", 600.0, [], 60.0, dry_run=True, say=lambda _line: None)
@@ -120,7 +121,7 @@ def test_the_deadline_needs_a_records_folder_never_overwritten(tmp_path, capsys)
 @pytest.mark.slow
 def test_the_whole_dry_run_proof_runs_every_section(tmp_path, harness_home):
     records = tmp_path / "proof"
-    assert cli.main(["bench", "gpu", "--dry-run", "--deadline", "900", "--records", str(records),
+    assert cli.main(["bench", "gpu", "--dry-run", "--deadline", "2000", "--records", str(records),
                      "--tests", tiny_tests(tmp_path)]) == 0
     text = records.joinpath("proof.md").read_text()
     for section in ("tests", "mixers", "attention", "transformer", "decode"):
