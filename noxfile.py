@@ -22,7 +22,7 @@ TORCH = "torch==2.13.0"
 ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-LINTED = ("harness", "harness_plugins", "tests", "docs/examples", "noxfile.py")
+LINTED = ("harness", "harness_plugins", "tests", "docs/examples", "noxfile.py", "offline")
 
 
 def install(session: nox.Session, extras: str = "dev") -> None:

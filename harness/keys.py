@@ -30,6 +30,7 @@ class Tag:
     BATCH_FORMAT = "harness.batch_format"
     DOCUMENTS = "harness.documents"  # packed | separate: windows of packed documents (corpus_lm)
     KERNEL = "harness.kernel"  # the mixer's implementation: fla | reference | pytorch (no mixer)
+    KERNEL_GATE = "harness.kernel_gate"  # the fast path's check against the reference: passed/failed: why
     FAILURE = "harness.failure"  # the reason a run FAILED
     PRUNED = "harness.pruned"  # stopped by the pruner: FINISHED, named "... (pruned)"
     INTERRUPTED = "harness.interrupted"  # KILLED by Ctrl-C, SIGTERM or a dead worker

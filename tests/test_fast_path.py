@@ -28,17 +28,42 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.filterwarnings("ignore:Triton is not supported", "ignore:.*Triton.*CPU")
 
 
+#: FLA's arguments with a time axis (flattened into one row with ``cu_seqlens``)
+TIMED = ("q", "k", "v", "g", "beta", "r", "w")
+
+
 def naive(call: fast_path.Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     """FLA's own pure-PyTorch recurrence for ``call``'s op, on ``call``'s arguments, in the
-    op's layout: (B, T, H, V) out. Where a naive function fixes its scale at Dk^-1/2 or is
-    head-first, the adaptation is written here, in the open."""
+    op's layout: (B, T, H, V) out. FLA's naive functions take no ``cu_seqlens``: with them,
+    each sequence the offsets mark is run on its own from a zero state, as FLA's varlen
+    kernels define it, and the outputs concatenated (final states stacked, one per sequence)."""
+    a = dict(call.args)
+    cu = a.pop("cu_seqlens", None)
+    a.pop("cu_seqlens_cpu", None)
+    if cu is None:
+        return naive_one(call.op, a)
+    assert a["initial_state"] is None and cu[0] == 0 and cu[-1] == a[TIMED_OF[call.op]].shape[1]
+    outs, finals = [], []
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        out, final = naive_one(call.op, {n: t[:, start:end] if n in TIMED else t for n, t in a.items()})
+        outs.append(out)
+        finals.append(final)
+    return torch.cat(outs, dim=1), None if finals[0] is None else torch.cat(finals)
+
+
+TIMED_OF = {"chunk_rwkv6": "r"} | dict.fromkeys(("chunk_gla", "chunk_simple_gla", "chunk_delta_rule",
+                                                "fused_recurrent_delta_rule", "chunk_gated_delta_rule"), "q")
+
+
+def naive_one(op: str, a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One sequence (or a batch of equal ones). Where a naive function fixes its scale at
+    Dk^-1/2 or is head-first, the adaptation is written here, in the open."""
     from fla.ops.delta_rule.naive import delta_rule_recurrence
     from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
     from fla.ops.gla.naive import naive_recurrent_gla
     from fla.ops.rwkv6.recurrent_naive import naive_recurrent_rwkv6
     from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
 
-    a = call.args
     state = {"initial_state": a["initial_state"], "output_final_state": a["output_final_state"]}
     dk = a["k"].shape[-1]
     fixed = a["scale"] * dk**0.5  # for functions that always scale q by Dk^-1/2
@@ -46,22 +71,25 @@ def naive(call: fast_path.Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     def heads_first(t: torch.Tensor) -> torch.Tensor:
         return t.transpose(1, 2)
 
-    if call.op == "chunk_gla":
+    if op == "chunk_gla":
         return naive_recurrent_gla(a["q"] * fixed, a["k"], a["v"], a["g"], **state)
-    if call.op == "chunk_simple_gla":
-        return naive_recurrent_simple_gla(a["q"], a["k"], a["v"], a["g"], scale=a["scale"], **state)
-    if call.op in ("chunk_delta_rule", "fused_recurrent_delta_rule"):
+    if op == "chunk_simple_gla":
+        g = a.get("g")
+        if g is None:  # a decay fixed per head (g_gamma (H,)), the same at every token
+            g = a["g_gamma"].view(1, 1, -1).expand(a["q"].shape[:3])
+        return naive_recurrent_simple_gla(a["q"], a["k"], a["v"], g, scale=a["scale"], **state)
+    if op in ("chunk_delta_rule", "fused_recurrent_delta_rule"):
         o, h = delta_rule_recurrence(*(heads_first(t) for t in (a["q"] * fixed, a["k"], a["v"], a["beta"])),
                                      **state)
         return heads_first(o), h
-    if call.op == "chunk_gated_delta_rule":
+    if op == "chunk_gated_delta_rule":
         return naive_recurrent_gated_delta_rule(q=a["q"], k=a["k"], v=a["v"], beta=a["beta"], g=a["g"],
                                                 scale=a["scale"], **state)
-    if call.op == "chunk_rwkv6":
+    if op == "chunk_rwkv6":
         o, h = naive_recurrent_rwkv6(*(heads_first(a[n]) for n in ("r", "k", "v", "w")), a["u"],
                                      scale=a["scale"], **state)
         return heads_first(o), h
-    raise AssertionError(f"no naive function for {call.op}")
+    raise AssertionError(f"no naive function for {op}")
 
 
 def mixers() -> dict[str, Any]:
@@ -165,7 +193,7 @@ def test_on_the_cpu_the_fast_path_is_never_taken_whatever_is_asked(name, monkeyp
     assert mixer(x)[0].shape == x.shape
 
 
-def test_use_fla_refuses_float64_resets_and_reference_even_on_cuda_tensors():
+def test_use_fla_refuses_float64_and_reference_even_on_cuda_tensors():
     cuda_like = torch.empty(0, device="meta")  # neither CPU nor CUDA: the device test decides
     assert not fast_path.use_fla("auto", cuda_like)
     x = torch.empty(1, 2, 3)
@@ -186,11 +214,8 @@ def test_resolve_names_the_implementation_a_run_records():
     assert fast_path.resolve("auto", Mamba, cuda) == "reference"  # no kernel here: mamba-1
     assert fast_path.resolve("auto", GLA, cuda) == ("fla" if fast_path.fla_importable() else "reference")
 
-    class Resetting(GLA):  # a mixer that takes document starts itself (Mixer.resets)
-        resets = True
-
-    assert fast_path.resolve("auto", Resetting, cuda, resets=True) == "reference"
-    assert fast_path.resolve("auto", Resetting, cuda) == fast_path.resolve("auto", GLA, cuda)
+    # documents kept apart: the kernels take them as cu_seqlens
+    assert fast_path.resolve("auto", GLA, cuda, resets=True) == fast_path.resolve("auto", GLA, cuda)
 
 
 def test_select_sets_only_the_mixers_with_a_fast_path():

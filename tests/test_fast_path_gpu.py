@@ -26,6 +26,23 @@ pytest.importorskip("fla")
 pytest.importorskip("triton")
 
 OUT_TOL, GRAD_TOL = 5e-3, 2e-2
+FAST = ["gla", "retnet", "deltanet", "gated_deltanet", "rwkv6", "mamba2"]
+
+
+def known_refusal(name: str) -> bool:
+    """fla-core 0.6 raises on purpose in the gated backward (chunk_bwd_dqkwg with g) on Hopper
+    with Triton >= 3.4 and < 3.7.1 unless tilelang is installed (FLA #640): Mamba-2 (g = Δ·A
+    per token) and Gated DeltaNet take it; RetNet, whose decay is fixed, passes g_gamma and
+    does not (harness.nn.fast_path)."""
+    import importlib.util
+
+    import triton
+    from packaging.version import Version
+
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    affected = Version("3.4.0") <= Version(triton.__version__) < Version("3.7.1")
+    return (name in ("mamba2", "gated_deltanet") and hopper and affected
+            and importlib.util.find_spec("tilelang") is None)
 
 
 def build(name: str) -> torch.nn.Module:
@@ -41,11 +58,13 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
     assert err <= tol, f"{what}: max |fast - reference| / max |reference| = {err:.2e} > {tol:.0e}"
 
 
-@pytest.mark.parametrize("name", ["gla", "retnet", "deltanet", "gated_deltanet", "rwkv6", "mamba2"])
+@pytest.mark.parametrize("name", FAST)
 @pytest.mark.parametrize("length", [64, 200])  # one chunk; several with a ragged end
 def test_the_fast_path_matches_the_reference_on_the_gpu(name: str, length: int) -> None:
     from harness.nn import fast_path
 
+    if known_refusal(name):
+        pytest.xfail("fla-core 0.6 refuses the gated backward on Hopper with this Triton (FLA #640)")
     ref = build(name).cuda()
     with torch.no_grad():
         for p in ref.parameters():
@@ -66,10 +85,12 @@ def test_the_fast_path_matches_the_reference_on_the_gpu(name: str, length: int) 
             close(p_fast.grad, p_ref.grad, GRAD_TOL, f"{name} d/d{pname}")
 
 
-@pytest.mark.parametrize("name", ["gla", "retnet", "deltanet", "gated_deltanet", "rwkv6", "mamba2"])
+@pytest.mark.parametrize("name", FAST)
 def test_the_fast_path_under_bf16_autocast_stays_near_the_reference(name: str) -> None:
     """bf16-mixed, as a GPU run trains: the kernels get bf16 q, k, v (the plain delta rule its
     chunked kernel, which refuses float32); within 5e-2 of the reference's largest output."""
+    if known_refusal(name):
+        pytest.xfail("fla-core 0.6 refuses the gated backward on Hopper with this Triton (FLA #640)")
     mixer = build(name).cuda()
     x = torch.randn(2, 256, mixer.d_model, device="cuda", requires_grad=True)
     outs = {}
@@ -95,3 +116,40 @@ def test_a_gpu_run_records_the_fla_kernel(harness_home) -> None:
     result = harness.train(cfg)
     assert result.status == "FINISHED"
     assert MlflowClient(tracking.tracking_uri()).get_run(result.run_id).data.tags["harness.kernel"] == "fla"
+
+
+@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_the_kernel_gates_verdict_on_this_gpu(name: str, dtype: torch.dtype) -> None:
+    """What the gate decides here (harness.nn.kernel_gate), printed for the record: every fast
+    path passes except the refusal fla-core announces (known_refusal), which fails naming #640."""
+    from harness.nn import kernel_gate
+
+    verdict = kernel_gate.probe(build(name), dtype, torch.device("cuda"))
+    print(f"kernel gate: {name} {dtype}: {verdict.tag()}")
+    if known_refusal(name):
+        assert not verdict.passed and "#640" in verdict.reason, verdict.reason
+    else:
+        assert verdict.passed, verdict.reason
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_documents_on_the_gpu_fast_path_match_the_reference(name: str) -> None:
+    """FLA's cu_seqlens (documents: separate) against the reference's resets, outputs and
+    input gradients, float32."""
+    from test_fast_path_varlen import document_starts
+
+    if known_refusal(name):
+        pytest.xfail("fla-core 0.6 refuses the gated backward on Hopper with this Triton (FLA #640)")
+    ref = build(name).cuda()
+    fast = copy.deepcopy(ref)
+    ref.kernel, fast.kernel = "reference", "fla"
+    starts = document_starts().cuda()
+    x = torch.randn(2, 21, ref.d_model, device="cuda")
+    x_ref, x_fast = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = ref(x_ref, document_starts=starts)[0], fast(x_fast, document_starts=starts)[0]
+    close(got, want, OUT_TOL, f"{name} output with documents")
+    w = torch.randn_like(want)
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    close(x_fast.grad, x_ref.grad, GRAD_TOL, f"{name} d/dx with documents")

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
@@ -157,13 +158,29 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
     from harness.bench import common, gpu
 
     device = gpu.require_cuda(args.dry_run)  # exit 2 without CUDA, unless a dry run
+    if args.deadline is not None:  # the time-boxed proof: sections in processes of their own
+        from harness.bench import proof
+
+        if not args.records:
+            raise HarnessError("--deadline needs --records DIR: the folder its records are written "
+                               "into as each section ends (proof.md, proof.jsonl, tests.xml).")
+        records = Path(args.records)
+        clash = [p.name for p in (records / "proof.md", records / "proof.jsonl", records / "tests.xml") if p.exists()]
+        if clash:
+            raise HarnessError(f"--records {records} already holds {', '.join(clash)}: give a new folder "
+                               f"(a record is never overwritten).")
+        proof.run(records, args.deadline, list(args.tests or []), args.test_timeout, args.dry_run,
+                  say=lambda line: print(line, flush=True))
+        return 0
     sections = tuple(args.only or gpu.SECTIONS)
     settings = gpu.dry_run_settings(sections, tuple(args.mixers or ())) if args.dry_run else gpu.Settings(
-        sections=sections, mixers=tuple(args.mixers or ()), steps=args.steps, repeats=args.repeats)
+        sections=sections, mixers=tuple(args.mixers or ()), steps=args.steps, repeats=args.repeats,
+        min_time_s=args.min_time)
     started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
     out = common.record_path(args.output, "gpu", "dry-run" if args.dry_run else device, started)
     with tempfile.TemporaryDirectory(prefix="harness-bench-") as home:
-        rows, tags = gpu.run(settings, home, progress=lambda line: print(line, flush=True))
+        rows, tags = gpu.run(settings, home, progress=lambda line: print(line, flush=True),
+                             rows_to=gpu.appender(args.jsonl) if args.jsonl else None)
     head = common.header("GPU benchmark" + (" (dry run on the CPU: tiny shapes, no figure to read)"
                                             if args.dry_run else ""), device=device,
                          command=common.command_line(), started=started, seconds=time.perf_counter() - t0,
@@ -310,6 +327,17 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers (default: every one)")
     p.add_argument("--steps", type=int, default=30, help="training steps of the transformer runs")
     p.add_argument("--repeats", type=int, default=1, help="harness/reference pairs (fresh processes)")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed passes per layer")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="the time-boxed proof (benchmarks/gpu/README.md): the environment, then the "
+                        "tests and the sections in order of value, each written as it ends; a section "
+                        "that would overrun is skipped and named")
+    p.add_argument("--records", default=None, metavar="DIR",
+                   help="with --deadline: the folder for proof.md, proof.jsonl and tests.xml")
+    p.add_argument("--tests", nargs="+", default=None, metavar="PATH",
+                   help="with --deadline: the pytest files of the tests section (e.g. tests/test_gpu.py)")
+    p.add_argument("--test-timeout", type=float, default=90.0, help="seconds per test (pytest-timeout)")
+    p.add_argument("--jsonl", default=None, help=argparse.SUPPRESS)  # a proof's section: rows as they finish
     _output_arg(p, "gpu")
     p.set_defaults(handler=cmd_bench_gpu)
 

@@ -370,11 +370,29 @@ def markdown(settings: Settings, rows: list[Row], tags: dict[str, str], head: st
 """
 
 
-def run(settings: Settings, home: str, progress: Callable[[str], None] = print) -> tuple[list[Row], dict[str, str]]:
+def appender(path: str) -> Callable[[Row, dict[str, str]], None]:
+    """Append each row, as it is measured, to a JSON-lines file (the proof's record)."""
+    import json
+
+    def append(row: Row, tags: dict[str, str]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(records([row], tags)[0]) + "\n")
+
+    return append
+
+
+def run(settings: Settings, home: str, progress: Callable[[str], None] = print,
+        rows_to: Callable[[Row, dict[str, str]], None] | None = None) -> tuple[list[Row], dict[str, str]]:
     tags = device_tags(settings.device)
     progress(f"{common.machine(settings.device)}\nGPU {tags['gpu']}; CUDA {tags['cuda']}; "
              f"driver {tags['driver']}\n\n{HEADER}")
     started = time.perf_counter()
-    rows = benchmark(settings, home, lambda row: progress(format_row(row)))
+
+    def seen(row: Row) -> None:
+        progress(format_row(row))
+        if rows_to is not None:
+            rows_to(row, tags)
+
+    rows = benchmark(settings, home, seen)
     progress(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f} s")
     return rows, tags

@@ -38,12 +38,23 @@ under autocast (bf16-mixed) q, k, v and beta are handed over in the autocast dty
 FLA's own layers do (the kernels accumulate in float32), while gates stay float32. float64
 never takes the fast path.
 
-**Document resets** (per-token sequence starts): the fast path does not take them yet
-(FLA's ``cu_seqlens`` needs the batch flattened into one row); when a mixer is given
-resets it runs the reference (:func:`use_fla` with ``resets``).
+**Fixed decays**: RetNet's decay is one constant per head; it is handed over as FLA's own
+retention layer does, ``g_gamma`` (H,) to ``chunk_simple_gla``, not as a per-token ``g``:
+the kernels then never take the gated backward (``chunk_bwd_dqkwg`` with ``g``), which
+fla-core 0.6 refuses on Hopper with Triton >= 3.4 and < 3.7.1 (FLA issue #640).
 
-FLA's Triton kernels are invisible to ``FlopCounterMode`` (it counts ATen ops): a FLOP
-budget counted on a CUDA run with the fast path misses the recurrence's FLOPs.
+**Document boundaries** (``documents: separate``, per-token starts (B, L)): the batch is
+flattened into one row of B·L tokens and FLA's ``cu_seqlens`` mark where each document and
+each row begins (:class:`Varlen`), as FLA's varlen API expects; each sequence starts from a
+zero state, which is the reference's reset. Outputs are unflattened; a final state is each
+row's last document's. Finding the boundaries reads them on the host once per batch (the
+one-entry cache below shares it between the layers of a forward pass).
+
+**FLOPs**: FLA's Triton kernels are invisible to ``FlopCounterMode`` (it counts ATen ops).
+Each kernel call adds the FLOPs of the recurrence it computes (:func:`recurrence_flops`:
+the matrix products of the chunked form at FLA's chunk of 64, forward, x3 with the backward)
+to an account that the mixer declares as ``hidden_flops`` (:mod:`harness.run.flops`), so a
+FLOP budget and MFU count the same work whichever implementation runs.
 """
 
 from __future__ import annotations
@@ -79,22 +90,19 @@ def fla_importable() -> bool:
 
 def use_fla(kernel: str, x: Tensor, *, resets: Tensor | None = None) -> bool:
     """Whether a mixer set to ``kernel`` runs FLA on ``x``: never on the CPU, never for
-    float64, never with ``resets`` (the reference handles them), never for ``reference``."""
-    return (kernel != REFERENCE and x.device.type == "cuda" and x.dtype != torch.float64
-            and resets is None and fla_importable())
+    float64, never for ``reference``. ``resets`` (document starts) are taken by FLA's
+    ``cu_seqlens`` (:class:`Varlen`), so they no longer decide."""
+    return kernel != REFERENCE and x.device.type == "cuda" and x.dtype != torch.float64 and fla_importable()
 
 
 def resolve(kernels: str, mixer: type | None, device: Any, *, resets: bool = False) -> str:
     """The implementation a run with ``train.kernels`` on ``device`` uses for its mixer
     class (None: no mixer): ``fla``, ``reference`` or ``pytorch`` (no mixer). The same rule
     as :func:`use_fla`, known before anything is built: the run's ``harness.kernel`` tag.
-    ``resets``: the run keeps documents apart; a mixer that resets its state itself
-    (``Mixer.resets``) is then given the starts, which the fast path does not take."""
+    ``resets``: the run keeps documents apart (the fast path takes them as ``cu_seqlens``)."""
     if mixer is None:
         return PYTORCH
     if kernels == REFERENCE or not getattr(mixer, "fast_path_ops", ()):
-        return REFERENCE
-    if resets and getattr(mixer, "resets", False):
         return REFERENCE
     return FLA if device.type == "cuda" and fla_importable() else REFERENCE
 
@@ -127,20 +135,70 @@ def select(model: nn.Module, kernels: str) -> None:
             module.kernel = kernels  # type: ignore[assignment]
 
 
+# -- document boundaries: the batch as one row of sequences -------------------------------------
+@dataclass
+class Varlen:
+    """A (B, L) batch with document starts as FLA's variable-length form: one row of B·L
+    tokens, ``cu`` (N + 1,) the offsets where each of its N sequences begins (a document's
+    start or a row's), ``last`` the index of each row's last sequence."""
+
+    cu: Tensor
+    cu_cpu: Tensor
+    rows: int
+    length: int
+    last: Tensor
+
+    @staticmethod
+    def of(starts: Tensor) -> Varlen:
+        hit = _varlen_cache.get("starts")
+        if hit is not None and hit[0] is starts:
+            return hit[1]  # type: ignore[no-any-return]
+        rows, length = starts.shape
+        begins = starts.clone()
+        begins[:, 0] = True  # every row begins a sequence
+        flat = begins.reshape(-1).nonzero().squeeze(-1).cpu()  # the one read on the host
+        cu_cpu = torch.cat([flat, torch.tensor([rows * length])]).long()
+        per_row = begins.sum(dim=1).cpu()
+        varlen = Varlen(cu_cpu.to(starts.device), cu_cpu, rows, length, per_row.cumsum(0) - 1)
+        _varlen_cache["starts"] = (starts, varlen)
+        return varlen
+
+    def flat(self, t: Tensor) -> Tensor:
+        """(B, L, ...) -> (1, B·L, ...), contiguous."""
+        return t.reshape(1, self.rows * self.length, *t.shape[2:]).contiguous()
+
+    def unflat(self, t: Tensor) -> Tensor:
+        return t.reshape(self.rows, self.length, *t.shape[2:])
+
+
+_varlen_cache: dict[str, tuple[Tensor, Varlen]] = {}
+
+
 # -- the mapping: our tensors -> one FLA op's arguments ------------------------------------------
 @dataclass
 class Call:
-    """One FLA op (``fla.ops.<package>.<op>``) and its keyword arguments, in FLA's layout."""
+    """One FLA op (``fla.ops.<package>.<op>``) and its keyword arguments, in FLA's layout;
+    ``varlen``: the arguments are flattened into one row (document boundaries)."""
 
     package: str
     op: str
     args: dict[str, Any] = field(default_factory=dict)
+    varlen: Varlen | None = None
 
     def run(self) -> tuple[Tensor, Tensor | None]:
         """Call the kernel (CUDA only): the output (B, T, H, V) and the final state or None."""
         fn = getattr(importlib.import_module(f"fla.ops.{self.package}"), self.op)
         out, final = fn(**self.args)
         return out, final
+
+    def finish(self) -> tuple[Tensor, Tensor | None]:
+        """Run it (counting its FLOPs, :func:`recurrence_flops`) and undo the flattening:
+        (B, T, H, V) out, and each row's final state (B, ...) or None."""
+        account(self)
+        out, final = self.run()
+        if self.varlen is None:
+            return out, final
+        return self.varlen.unflat(out), None if final is None else final[self.varlen.last.to(final.device)]
 
 
 def time_major(x: Tensor) -> Tensor:
@@ -156,24 +214,46 @@ def kernel_dtype(x: Tensor) -> torch.dtype:
     return torch.float32
 
 
+def sequences(call: Call, starts: Tensor | None, state: Tensor | None, *names: str,
+              no_cpu_copy: bool = False) -> Call:
+    """With document ``starts``, flatten ``names`` of the call's arguments into one row and
+    add FLA's ``cu_seqlens`` (each sequence from a zero state: ``state`` must be None or
+    zeros, and is dropped)."""
+    if starts is None:
+        return call
+    varlen = Varlen.of(starts)
+    for name in names:
+        call.args[name] = varlen.flat(call.args[name])
+    call.args.update(cu_seqlens=varlen.cu, initial_state=None)
+    if not no_cpu_copy:
+        call.args["cu_seqlens_cpu"] = varlen.cu_cpu
+    call.varlen = varlen
+    return call
+
+
 def linear_attention_call(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor,
-                          state: Tensor | None = None) -> Call:
+                          state: Tensor | None = None, *, gamma: Tensor | None = None,
+                          starts: Tensor | None = None) -> Call:
     """S_t = diag(a_t) S_{t-1} + k_tᵀ v_t, o_t = q_t S_t (q, k, v (B, H, L, ·), ``log_decay``
     (B, H, L, Dk) per key dimension or (B, H, L, 1) per head): ``chunk_gla`` or
-    ``chunk_simple_gla``."""
+    ``chunk_simple_gla``; ``gamma`` (H,): a decay fixed per head (RetNet), handed over as
+    ``g_gamma`` instead of ``g``; ``starts`` (B, L): document starts (``cu_seqlens``)."""
     dt = kernel_dtype(q)
     args: dict[str, Any] = {"q": time_major(q.to(dt)), "k": time_major(k.to(dt)),
                             "v": time_major(v.to(dt)), "scale": 1.0,
                             "initial_state": state, "output_final_state": state is not None}
+    if gamma is not None:
+        args["g_gamma"] = gamma.float().contiguous()
+        return sequences(Call("simple_gla", "chunk_simple_gla", args), starts, state, "q", "k", "v")
     if log_decay.shape[-1] == 1 and q.shape[-1] != 1:
         args["g"] = time_major(log_decay[..., 0].float())
-        return Call("simple_gla", "chunk_simple_gla", args)
+        return sequences(Call("simple_gla", "chunk_simple_gla", args), starts, state, "q", "k", "v", "g")
     args["g"] = time_major(log_decay.float().expand_as(q))
-    return Call("gla", "chunk_gla", args)
+    return sequences(Call("gla", "chunk_gla", args), starts, state, "q", "k", "v", "g")
 
 
 def delta_rule_call(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None,
-                    state: Tensor | None = None) -> Call:
+                    state: Tensor | None = None, *, starts: Tensor | None = None) -> Call:
     """S_t = a_t (I - b_t k_t k_tᵀ) S_{t-1} + b_t k_t v_tᵀ, o_t = q_t S_t (``beta``,
     ``log_decay`` (B, H, L)): ``chunk_delta_rule`` (``fused_recurrent_delta_rule`` in float32,
     which the chunked one refuses) or ``chunk_gated_delta_rule``."""
@@ -182,24 +262,29 @@ def delta_rule_call(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Te
                             "v": time_major(v.to(dt)), "beta": time_major(beta.to(dt)),
                             "scale": 1.0, "initial_state": state,
                             "output_final_state": state is not None}
+    names = ("q", "k", "v", "beta")
     if log_decay is None:  # FLA's chunked delta rule refuses float32: its fused recurrent kernel
-        return Call("delta_rule", "chunk_delta_rule" if dt != torch.float32 else "fused_recurrent_delta_rule",
-                    args)
+        recurrent = dt == torch.float32
+        call = Call("delta_rule", "fused_recurrent_delta_rule" if recurrent else "chunk_delta_rule", args)
+        return sequences(call, starts, state, *names, no_cpu_copy=recurrent)
     args["g"] = time_major(log_decay.float())
-    return Call("gated_delta_rule", "chunk_gated_delta_rule", args)
+    return sequences(Call("gated_delta_rule", "chunk_gated_delta_rule", args), starts, state, *names, "g")
 
 
-def rwkv6_call(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor) -> Call:
+def rwkv6_call(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor, *,
+               starts: Tensor | None = None) -> Call:
     """y_t = r_t (diag(u) k_tᵀ v_t + S_{t-1}), S_t = diag(w_t) S_{t-1} + k_tᵀ v_t (r, k,
     ``log_w`` (B, H, L, K), v (B, H, L, V), u (H, K), state (B, H, K, V)): ``chunk_rwkv6``."""
     dt = kernel_dtype(r)
-    return Call("rwkv6", "chunk_rwkv6", {
+    call = Call("rwkv6", "chunk_rwkv6", {
         "r": time_major(r.to(dt)), "k": time_major(k.to(dt)), "v": time_major(v.to(dt)),
         "w": time_major(log_w.float()), "u": u.to(dt), "scale": 1.0,
         "initial_state": state.float(), "output_final_state": True})
+    return sequences(call, starts, state, "r", "k", "v", "w")
 
 
-def ssd_call(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> Call:
+def ssd_call(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None, *,
+             starts: Tensor | None = None) -> Call:
     """Mamba-2's SSD, h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t ⊗ B_t, y_t = h_t C_t, is simple GLA
     with q = C, k = B (each head reads its group's), v = Δ x, g = Δ A, scale 1, and the
     state transposed (FLA's (N, P) is our hᵀ). x (b, L, H, P), Δ (b, L, H), A (H,), B, C
@@ -210,37 +295,91 @@ def ssd_call(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor 
     def per_head(t: Tensor) -> Tensor:
         return t.repeat_interleave(heads // groups, dim=2).to(kd).contiguous()
 
-    return Call("simple_gla", "chunk_simple_gla", {
+    call = Call("simple_gla", "chunk_simple_gla", {
         "q": per_head(C), "k": per_head(B), "v": (x * dt.unsqueeze(-1)).to(kd).contiguous(),
         "g": (dt * A).float().contiguous(), "scale": 1.0,
         "initial_state": None if h0 is None else h0.transpose(-1, -2).float().contiguous(),
         "output_final_state": True})
+    return sequences(call, starts, h0, "q", "k", "v", "g")
+
+
+# -- the FLOPs the kernels compute, which no counter sees ------------------------------------------
+#: FLA's chunk length (its ``BT``) in the chunked kernels
+CHUNK = 64
+_uncounted = [0.0]  # FLOPs of the kernel calls since the running mixer's forward began
+
+
+def recurrence_flops(call: Call) -> float:
+    """Forward FLOPs of one kernel call: the chunked form's matrix products (2 per
+    multiply-add), per head and chunk of C = min(64, T) tokens with key width K and value
+    width V: scores q kᵀ (C²K), scores·v (C²V), the carried state read q S and written
+    kᵀ v (2·C·K·V); the delta rule adds its WY form (k kᵀ, the triangular solve's C³/3, its
+    products with k and v, C²(2K + V)) and the state's correction (C·K·V). FLA's fused
+    recurrent delta rule computes it token by token (3·K·V per token: the state read at k,
+    its rank-one correction, the output read at q)."""
+    a = call.args
+    q: Tensor = a["q"] if "q" in a else a["r"]
+    v: Tensor = a["v"]
+    tokens, heads, k_width = q.shape[1], q.shape[2], q.shape[3]
+    v_width = v.shape[3]
+    batch = q.shape[0]
+    if call.op == "fused_recurrent_delta_rule":
+        per_token = 3.0 * k_width * v_width
+    else:
+        c = min(CHUNK, tokens)
+        per_token = c * (k_width + v_width) + 2.0 * k_width * v_width
+        if "beta" in a:
+            per_token += c * c / 3.0 + c * (2 * k_width + v_width) + k_width * v_width
+    return 2.0 * per_token * batch * tokens * heads
+
+
+def account(call: Call) -> None:
+    """Add ``call``'s FLOPs (x3 when a backward will follow) to the running mixer's account
+    (eager only: a FLOP count runs eagerly; compiled steps are not counted)."""
+    if torch.compiler.is_compiling():
+        return
+    grads = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in call.args.values())
+    _uncounted[0] += recurrence_flops(call) * (3.0 if grads else 1.0)
+
+
+def begin_uncounted() -> None:
+    """A mixer's forward begins: its account starts at zero."""
+    if not torch.compiler.is_compiling():
+        _uncounted[0] = 0.0
+
+
+def take_uncounted() -> float:
+    """The FLOPs the kernels computed in this mixer's forward (and backward), once."""
+    flops, _uncounted[0] = _uncounted[0], 0.0
+    return flops
 
 
 # -- the calls the mixers make ------------------------------------------------------------------
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, gamma: Tensor | None = None,
+                     starts: Tensor | None = None) -> Tensor:
     """:func:`harness.nn.linear_recurrence.chunked_linear_attention`'s outputs, by FLA."""
-    out, _ = linear_attention_call(q, k, v, log_decay).run()
+    out, _ = linear_attention_call(q, k, v, log_decay, gamma=gamma, starts=starts).finish()
     return out.transpose(1, 2).to(q.dtype)
 
 
-def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None) -> Tensor:
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, *,
+               starts: Tensor | None = None) -> Tensor:
     """:func:`harness.nn.linear_recurrence.chunked_delta_rule`'s outputs, by FLA."""
-    out, _ = delta_rule_call(q, k, v, beta, log_decay).run()
+    out, _ = delta_rule_call(q, k, v, beta, log_decay, starts=starts).finish()
     return out.transpose(1, 2).to(q.dtype)
 
 
-def rwkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor
-          ) -> tuple[Tensor, Tensor]:
+def rwkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor, *,
+          starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``rwkv6.wkv6``'s outputs (B, H, L, V) and final state, by FLA."""
-    out, final = rwkv6_call(r, k, v, log_w, u, state).run()
+    out, final = rwkv6_call(r, k, v, log_w, u, state, starts=starts).finish()
     assert final is not None
     return out.transpose(1, 2).to(r.dtype), final.to(state.dtype)
 
 
-def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None
-        ) -> tuple[Tensor, Tensor]:
+def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None, *,
+        starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``mamba2.ssd``'s y (b, L, H, P) and last state (b, H, P, N), by FLA."""
-    out, final = ssd_call(x, dt, A, B, C, h0).run()
+    out, final = ssd_call(x, dt, A, B, C, h0, starts=starts).finish()
     assert final is not None
     return out.to(x.dtype), final.transpose(-1, -2).to(x.dtype)

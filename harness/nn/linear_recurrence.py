@@ -256,15 +256,16 @@ class ShortConvolution(nn.Module):
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk: int,
                      state: dict[str, Any] | None, starts: Tensor | None = None,
-                     kernel: str = "reference") -> Tensor:
+                     kernel: str = "reference", gamma: Tensor | None = None) -> Tensor:
     """Decayed linear attention over the positions of q, k, v (B, H, l, ·): the chunked form
     from zeros (``state`` None; ``starts``: document starts, where the state is forgotten),
     else continued from ``state["S"]``, which is updated (one position: the recurrent step;
-    several: the chunked form from that state). From zeros on CUDA without starts,
-    ``kernel`` may pick FLA's kernel (:mod:`harness.nn.fast_path`)."""
+    several: the chunked form from that state). From zeros on CUDA, ``kernel`` may pick
+    FLA's kernel (:mod:`harness.nn.fast_path`; ``starts`` as its ``cu_seqlens``; ``gamma``
+    (H,): ``log_decay`` is this decay fixed per head, handed to FLA as ``g_gamma``)."""
     if state is None:
         if fast_path.use_fla(kernel, q, resets=starts):
-            return fast_path.linear_attention(q, k, v, log_decay)
+            return fast_path.linear_attention(q, k, v, log_decay, gamma=gamma, starts=starts)
         return chunked_linear_attention(q, k, v, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         out, state["S"] = linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :],
@@ -280,7 +281,7 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor 
     """The (gated) delta rule over the positions of q, k, v, as :func:`linear_attention`."""
     if state is None:
         if fast_path.use_fla(kernel, q, resets=starts):
-            return fast_path.delta_rule(q, k, v, beta, log_decay)
+            return fast_path.delta_rule(q, k, v, beta, log_decay, starts=starts)
         return chunked_delta_rule(q, k, v, beta, log_decay, chunk=chunk, starts=starts)[0]
     if q.shape[-2] == 1:
         g = None if log_decay is None else log_decay[..., 0]

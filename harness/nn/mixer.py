@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from harness.nn import fast_path
 from harness.nn.documents import by_document
 
 CAUSAL = "causal"
@@ -132,6 +133,7 @@ class Mixer(nn.Module):
         """(B, L, d_model) -> ((B, L, d_model), None). With ``cache``, continue from its state.
         ``document_starts`` (B, L; causal parallel form only): the state starts afresh at each
         True position (:mod:`harness.nn.documents`)."""
+        fast_path.begin_uncounted()  # the FLOPs its FLA kernels compute: hidden_flops
         if not causal and BIDIRECTIONAL not in self.directions:
             raise ValueError(f"{type(self).__name__} is causal-only; it cannot mix bidirectionally.")
         if causal and CAUSAL not in self.directions:
@@ -152,6 +154,11 @@ class Mixer(nn.Module):
         out = self.step(x, cache.state, positions=positions, position=position)
         cache.length += x.shape[1]
         return out, None
+
+    def hidden_flops(self, inputs: Any, output: Any) -> float:
+        """The forward and backward FLOPs of the FLA kernels this forward ran (invisible to the
+        FLOP counter; :func:`harness.nn.fast_path.recurrence_flops`); 0 on the reference."""
+        return fast_path.take_uncounted()
 
     def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:
         """The parallel form over whole sequences."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.data.tasks import Task, TaskInfo
@@ -26,6 +26,8 @@ class Built:
     info: TaskInfo
     model: Any  # torch.nn.Module
     num_params: int
+    kernel_tags: dict[str, str] = field(default_factory=dict)  # the kernel gate's (gate_kernels)
+    kernel_warning: str | None = None
 
 
 def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
@@ -48,6 +50,41 @@ def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
 
     fast_path.select(model, t.kernels)  # the mixers' implementation (auto: FLA on CUDA)
     return Built(task, info, model, count_parameters(model))
+
+
+def gate_kernels(p: Plan, built: Built, device: Any) -> None:
+    """Before training on the fast path, check its kernels against the reference
+    (:mod:`harness.nn.kernel_gate`): a failure falls back to the reference, with a warning
+    and the tags ``harness.kernel=reference`` and ``harness.kernel_gate`` saying why
+    (``train.kernels: auto``), or refuses the run (``fla``)."""
+    from harness.keys import Tag
+    from harness.nn import fast_path, kernel_gate
+    from harness.runtime import devices
+
+    if not fast_path.use_fla("auto", _probe_tensor(device)):
+        return  # no kernel runs here (the CPU, no fla): nothing to check
+    dtype = kernel_gate.dtype_of(devices.precision(p.config.train.precision, device))
+    verdicts = kernel_gate.gate(built.model, dtype, device)
+    if not verdicts:
+        return
+    failed = {name: v for name, v in verdicts.items() if not v.passed}
+    built.kernel_tags[Tag.KERNEL_GATE] = "; ".join(f"{name} {v.tag()}" for name, v in verdicts.items())
+    if not failed:
+        return
+    why = "; ".join(f"{name}: {v.reason}" for name, v in failed.items())
+    if p.config.train.kernels == fast_path.FLA:
+        raise ConfigError(f"train.kernels is 'fla', but the FLA kernel failed its check against the "
+                          f"reference on this device ({why}). Set train.kernels to 'auto' (the "
+                          f"reference where a kernel fails) or 'reference'.")
+    built.kernel_tags[Tag.KERNEL] = fast_path.REFERENCE
+    built.kernel_warning = (f"the FLA kernel failed its check against the reference ({why}); this run "
+                            f"trains on the reference implementation (tags {Tag.KERNEL}, {Tag.KERNEL_GATE}).")
+
+
+def _probe_tensor(device: Any) -> Any:
+    import torch
+
+    return torch.empty(0, device=device)
 
 
 def _user_error(what: str, exc: Exception) -> HarnessError:

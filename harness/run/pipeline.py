@@ -29,7 +29,7 @@ from harness.keys import Metric, Tag
 from harness.registry.specs import Registry
 from harness.run import distributed, failure
 from harness.run.accumulate import with_batch_tokens
-from harness.run.build import build, build_model
+from harness.run.build import build, build_model, gate_kernels
 from harness.run.plan import Plan, load_registry, plan
 from harness.run.record import (
     PRUNED_SUFFIX,
@@ -168,7 +168,9 @@ def _build(p: Plan, device: Any) -> Any:
     """The task and the model, after the memory check; a plugin's exception named."""
     check_data(p)
     try:
-        return build(p, check=lambda info: check_memory(p, info, device, build_model))
+        built = build(p, check=lambda info: check_memory(p, info, device, build_model))
+        gate_kernels(p, built, device)
+        return built
     except (HarnessError, Interrupted):
         raise
     except BaseException as exc:
@@ -207,6 +209,10 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
     cfg = p.config
     resolved = p.resolved_config()
     tracker = tracking.Tracker(cfg.tracking.uri)
+    if built.kernel_warning:  # the kernel gate fell back to the reference
+        print(f"warning: {built.kernel_warning}", file=sys.stderr, flush=True)
+        said = [extra_tags[Tag.WARNINGS]] if Tag.WARNINGS in extra_tags else []
+        extra_tags = {**extra_tags, Tag.WARNINGS: "; ".join([*said, built.kernel_warning])}
     run_name = cfg.tracking.run_name or default_run_name(p)
     if resume is not None:
         from harness.run.resume import reopen
@@ -216,12 +222,13 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         if extra_tags:  # first: a study's reconcile reads them once the run is RUNNING
             tracker.set_tags(run_id, extra_tags)
         reopen(tracker, resume)
-        tracker.set_tags(run_id, device_tags(device))  # it may continue on another device
+        tracker.set_tags(run_id, {**device_tags(device), **built.kernel_tags})  # it may continue on another device
     else:
         run_id = tracker.start_run(
             cfg.tracking.experiment, run_name=run_name,
             parent_run_id=parent_run_id,
-            tags={**provenance_tags(p), **device_tags(device), **cfg.tracking.tags, **extra_tags},
+            tags={**provenance_tags(p), **device_tags(device), **built.kernel_tags, **cfg.tracking.tags,
+                  **extra_tags},
         )
     status = "FAILED"
     metrics: dict[str, float] = {}

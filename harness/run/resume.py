@@ -128,8 +128,9 @@ def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
 def component_differences(tags: dict[str, str], now: dict[str, str]) -> list[str]:
     """Each component tag (a component's name, plugin, distribution or version) that differs
     from the record; the harness, torch and git versions are not compared (a new version may
-    change the numbers, not what the run is)."""
-    skip = {Tag.VERSION, Tag.TORCH_VERSION, Tag.GIT_COMMIT}
+    change the numbers, not what the run is), nor the mixer's implementation (a run may
+    continue on another device, where the kernel gate may decide otherwise)."""
+    skip = {Tag.VERSION, Tag.TORCH_VERSION, Tag.GIT_COMMIT, Tag.KERNEL, Tag.KERNEL_GATE}
     return [f"{k} was {tags.get(k, '(none)')}, now {v}" for k, v in sorted(now.items())
             if k not in skip and tags.get(k) != v]
 

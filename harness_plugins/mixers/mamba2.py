@@ -213,8 +213,8 @@ class Mamba2(selective.SelectiveMixer):  # same shape as mamba.py by design: one
             groups = (b, length, self.ngroups, self.d_state)
             if length > 1 and fast_path.use_fla(self.kernel, x, resets=starts):
                 y, state["ssm"] = fast_path.ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
-                                                state.get("ssm"))
-            else:  # one token, document starts, the CPU: the reference
+                                                state.get("ssm"), starts=starts)
+            else:  # one token, the CPU: the reference
                 y, state["ssm"] = ssd(xs, delta, A, B.to(f).view(groups), C.to(f).view(groups),
                                       state.get("ssm"), self.chunk_size, starts)
             y = y + xs * self.D.to(f).unsqueeze(-1)

@@ -117,7 +117,7 @@ class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by desi
         log_gamma = self.log_gamma(q)
         log_decay = log_gamma.view(1, h, 1, 1).expand(x.shape[0], h, x.shape[1], 1)
         o = lr.linear_attention(q, k, v, log_decay, chunk=self.chunk, state=state, starts=starts,
-                                kernel=self.kernel)
+                                kernel=self.kernel, gamma=log_gamma)  # FLA: g_gamma, as its retention layer
         # decay normalisation: 1 / sqrt(Σ_{i=0}^{n} γ^i) = sqrt((1 - γ) / (1 - γ^(n+1))), n
         # counted from the document's start (the rotation above is relative: left as it is)
         n = positions[None, :] if starts is None else documents.places(starts)

@@ -170,8 +170,8 @@ class RWKV6(Mixer):
         args = (heads(self.receptance(xr)), heads(self.key(xk)), heads(self.value(xv)), heads(log_w),
                 self.time_faaaa.to(wide), s)
         if n > 1 and fast_path.use_fla(self.kernel, x, resets=starts):
-            y, state["S"] = fast_path.rwkv6(*args)
-        else:  # one token, document starts, the CPU: the reference
+            y, state["S"] = fast_path.rwkv6(*args, starts=starts)
+        else:  # one token, the CPU: the reference
             y, state["S"] = wkv6(*args, self.chunk, starts)
         y = self.ln_x(y.transpose(1, 2).reshape(b * n, d).to(x.dtype)).view(b, n, d)
         return self.output(y * F.silu(self.gate(xg)))  # type: ignore[no-any-return]
