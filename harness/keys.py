@@ -48,6 +48,11 @@ class Tag:
     DRIVER_VERSION = "harness.driver_version"  # the NVIDIA kernel driver
     DATA = "harness.data"  # what the task read (Task.data_summary): a user's corpus or files
     DATA_PARAMS = "harness.data_params"  # the task params that summary replaces (comma list)
+    #: what a run's results may be computed with (JSON: vocabulary, tokenizer and data
+    #: digests; harness.run.identity), set when the run starts
+    DATA_IDENTITY = "harness.data_identity"
+    #: characters of `harness eval`'s text outside the run's vocabulary, read as <unk>
+    EVAL_UNKNOWN = "harness.eval_unknown"
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run

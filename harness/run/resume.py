@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,10 +141,12 @@ def last_steps(tracker: tracking.Tracker, run: Any) -> dict[str, int]:
 
 
 def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], plan_tags: dict[str, str],
-            *, allow_failed: bool = False, writes: bool = True) -> Resume:
-    """Check that ``run`` can resume with the config planned now; find its checkpoint.
-    ``writes``: set unusable newer checkpoint files aside (rank 0 of a distributed run only;
-    the other ranks read what it chose)."""
+            *, allow_failed: bool = False, writes: bool = True,
+            data_now: Callable[[], dict[str, str]] | None = None) -> Resume:
+    """Check that ``run`` can resume with the config planned now and, with ``data_now``, the
+    data its task reads now (:mod:`harness.run.identity`); find its checkpoint. ``writes``: set
+    unusable newer checkpoint files aside (rank 0 of a distributed run only; the other ranks
+    read what it chose)."""
     run_id = run.info.run_id
     run = tracker.client.get_run(run_id)  # as it is now, under the resume lock
     check_resumable(run, allow_failed=allow_failed)
@@ -156,6 +158,11 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
             f"recorded ({'; '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}). A resumed "
             f"run must continue exactly what it started; restore them, or start a new run."
         )
+    if data_now is not None:
+        from harness.run import identity
+
+        identity.check(identity.from_tags(run.data.tags), data_now(), what=f"run {run_id} cannot resume",
+                       fix=identity.FIX_DATA)
     root = checkpoint.folder(run_id)
     path = checkpoint.latest(root)
     if path is None:

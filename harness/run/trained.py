@@ -6,7 +6,13 @@ finishes, next to its checkpoints: ``<store>/checkpoints/<run_id>/model.safetens
 vocabulary size, longest input, classes; and the vocabulary's symbols). An exported folder
 (``harness export RUN_ID --out DIR``) holds the same two files, so ``harness.load_model(DIR)``
 works without the store. A run without final weights (stopped before its end) loads from
-its newest checkpoint instead.
+its newest checkpoint instead. A run that reads text through a tokenizer (a corpus run) also
+keeps it there as ``tokenizer.json``, and so does its exported folder: text is read with the
+tokenizer the run trained with, never with whatever its corpus folder holds later
+(:mod:`harness.run.identity`). ``model.json`` keeps every field of the task's info
+(:meth:`~harness.data.tasks.TaskInfo.record`: the document token of ``documents: separate``,
+a task's hints such as ``two_tower``): whatever changes what the model computes is saved
+with it and built again from it.
 
 **Loaded.** :func:`load` plans the recorded config against the installed plugins, builds
 the model and loads the weights (safetensors: no pickle; a checkpoint: ``torch.load(...,
@@ -28,18 +34,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.data.corpus import TOKENIZER_FILE
 from harness.data.tasks import TaskInfo
 from harness.data.vocab import BOS, EOS, SEP, Vocab
 from harness.errors import ConfigError, HarnessError, shorten
-from harness.run import checkpoint, exported
+from harness.run import checkpoint, exported, identity
 from harness.runtime import paths
 
 WEIGHTS = "model.safetensors"
 META = "model.json"
+#: The largest tokenizer file read beside a model (a 1M-id BPE is about 60 MB).
+MAX_TOKENIZER_BYTES = 256 << 20
 
 
 @dataclass
@@ -53,23 +62,37 @@ class Trained:
     vocab: Vocab
     task_kind: str
     source: str  # where the weights came from
+    #: what the run trained on (harness.run.identity): what its data is compared with
+    identity: dict[str, str] = field(default_factory=dict)
+    #: the run's tokenizer as saved beside its weights (JSON), or None: read from its task
+    tokenizer_json: str | None = None
 
 
-def _meta(p: Any, built: Any, logged: dict[str, Any]) -> dict[str, Any]:
-    info = built.info
-    return {"config": logged, "task_kind": built.task.task_kind,
-            "info": {"format": info.format, "vocab_size": info.vocab_size,
-                     "max_length": info.max_length, "num_classes": info.num_classes},
-            "symbols": list(built.task.vocab.symbols)}
+def meta_of(config: dict[str, Any], task_kind: str, info: TaskInfo, symbols: Any,
+            data: dict[str, str], **more: Any) -> dict[str, Any]:
+    """What ``model.json`` holds (and a Hub folder's ``config.json`` under ``harness``)."""
+    return {"config": config, "task_kind": task_kind, "info": info.record(), "symbols": list(symbols),
+            "data": dict(data), **more}
 
 
-def write_weights(folder: Path, model: Any, meta: dict[str, Any]) -> None:
-    """``model.safetensors`` (shared tensors stored once) and ``model.json`` in ``folder``."""
+def recorded(meta: dict[str, Any]) -> dict[str, str]:
+    """The identity a ``model.json`` records; its vocabulary's digest from its symbols (which
+    every ``model.json`` has, however old)."""
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    return {**{str(k): str(v) for k, v in data.items()},
+            "vocab_sha256": identity.vocab_digest(meta["symbols"])}
+
+
+def write_weights(folder: Path, model: Any, meta: dict[str, Any], tokenizer_json: str | None = None) -> None:
+    """``model.safetensors`` (shared tensors stored once), ``model.json`` and, for a run that
+    reads text, ``tokenizer.json`` in ``folder``."""
     from safetensors.torch import save_model
 
     folder.mkdir(parents=True, exist_ok=True)
     with paths.atomic_target(folder / WEIGHTS) as tmp:  # the mode model.json gets, not 0600
         save_model(_plain(model), str(tmp))
+    if tokenizer_json is not None:
+        paths.write_atomic(folder / TOKENIZER_FILE, tokenizer_json.encode("utf-8"), fsync=False)
     paths.write_atomic(folder / META, json.dumps(meta, indent=1, default=str).encode(), fsync=False)
 
 
@@ -79,7 +102,11 @@ def _plain(model: Any) -> Any:
 
 
 def save_final(run_id: str, built: Any, p: Any, logged: dict[str, Any]) -> None:
-    write_weights(checkpoint.folder(run_id), built.model, _meta(p, built, logged))
+    task = built.task
+    tokenizer = getattr(task, "tokenizer", None)
+    meta = meta_of(logged, task.task_kind, built.info, task.vocab.symbols, identity.of_task(task))
+    write_weights(checkpoint.folder(run_id), built.model, meta,
+                  None if tokenizer is None else str(tokenizer.to_json()))
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -94,10 +121,25 @@ def _build(meta: dict[str, Any], *, check: Any = None) -> tuple[Any, TaskInfo]:
     data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
     cfg = parse_run_config(data, "the trained model's config")
     p = plan(cfg, load_registry(cfg, None))
-    info = TaskInfo(**{k: meta["info"].get(k) for k in ("format", "vocab_size", "max_length", "num_classes")})
+    info = info_of(meta["info"], p)
     if check is not None:
         check(lambda: build_model_from(p.parts, info))
     return build_model_from(p.parts, info), info
+
+
+def info_of(saved: dict[str, Any], p: Any) -> TaskInfo:
+    """The task info a ``model.json`` saved; a ``model.json`` written before it kept every
+    field (format, sizes and classes only) gets the task's hints from its class and, where
+    its config keeps documents apart, the document token from its task built again."""
+    info = TaskInfo.from_record(saved)
+    if "extra" not in saved:
+        hints = getattr(p.task.spec.build, "model_hints", None)
+        info.extra = dict(hints) if isinstance(hints, dict) else {}
+    if "document_token" not in saved and p.task.params.separate_documents():
+        from harness.run.build import build_task
+
+        info.document_token = build_task(p, seed=p.config.train.data_seed).document_token
+    return info
 
 
 def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Trained:
@@ -108,6 +150,7 @@ def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Train
     meta = exported.read_meta(folder, META)
     exported.check_trusted(meta, folder, trust_plugins)
     header = exported.weights_header(folder, WEIGHTS)
+    tokenizer_json = saved_tokenizer(folder, meta)
     model, info = _build(meta, check=lambda build: exported.check_fits(folder, WEIGHTS, header, build))
     try:
         load_model(model, str(folder / WEIGHTS))
@@ -116,7 +159,33 @@ def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Train
         raise exported.DamagedExport(f"{folder / WEIGHTS}: the weights do not load into the model "
                                      f"model.json describes ({first[:300]}). Export the run again.") from None
     model.eval()
-    return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source)
+    return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source,
+                   recorded(meta), tokenizer_json)
+
+
+def saved_tokenizer(folder: Path, meta: dict[str, Any]) -> str | None:
+    """The ``tokenizer.json`` beside a model's weights (None when there is none), checked to be
+    the tokenizer ``meta`` records (its SHA-256)."""
+    from harness.runtime.files import open_regular
+
+    path = folder / TOKENIZER_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        with open_regular(path, "the model's tokenizer") as fh:
+            text = fh.read(MAX_TOKENIZER_BYTES + 1).decode("utf-8")
+    except HarnessError as exc:
+        raise exported.DamagedExport(str(exc)) from None
+    except UnicodeDecodeError:
+        raise exported.DamagedExport(f"{path}: not UTF-8 text. Export the run again.") from None
+    want = recorded(meta).get("tokenizer_sha256")
+    if len(text) > MAX_TOKENIZER_BYTES or (want and identity.digest(text) != want):
+        raise exported.DamagedExport(
+            f"{path} is not the tokenizer the run trained with (model.json records sha256 "
+            f"{(want or '')[:identity.SHOWN]}, the file is {identity.digest(text)[:identity.SHOWN]}): "
+            f"text read with it would be scored wrongly. Export the run again (harness export "
+            f"RUN_ID --out DIR).")
+    return text
 
 
 def _from_checkpoint(path: Path, run_id: str) -> Trained:
@@ -133,15 +202,19 @@ def _from_checkpoint(path: Path, run_id: str) -> Trained:
     cfg = parse_run_config(data, f"the config in checkpoint {path}")
     p = plan(cfg, load_registry(cfg, None))
     task = build_task(p, seed=cfg.train.data_seed)
+    before = state["harness"].get("data") or identity.recorded_by_run(run_id)
+    now = identity.of_task(task)
+    identity.check(before, now, what=f"run {run_id} (no final weights: its checkpoint {path.name}, "
+                   f"with its task built again)", fix=identity.FIX_DATA, data=False)
     info = task_info(p, task)
-    meta = {"config": config, "task_kind": task.task_kind, "symbols": list(task.vocab.symbols),
-            "info": {"format": info.format, "vocab_size": info.vocab_size,
-                     "max_length": info.max_length, "num_classes": info.num_classes}}
+    meta = meta_of(config, task.task_kind, info, task.vocab.symbols, now)
     model, info = _build(meta)
     weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(weights)
     model.eval()
-    return Trained(model, config, info, task.vocab, task.task_kind, str(path))
+    tokenizer = getattr(task, "tokenizer", None)
+    return Trained(model, config, info, task.vocab, task.task_kind, str(path), now,
+                   None if tokenizer is None else str(tokenizer.to_json()))
 
 
 def load(ref: str | Path, *, trust_plugins: bool = False) -> Trained:
@@ -189,19 +262,60 @@ def export(run_id: str, out: str | Path) -> Path:
     """Copy a run's weights and config into a new folder ``out`` (refused if it exists)."""
     target = paths.new_folder(out, "--out")
     trained = load(run_id)
-    meta = {"config": trained.config, "task_kind": trained.task_kind,
-            "info": {"format": trained.info.format, "vocab_size": trained.info.vocab_size,
-                     "max_length": trained.info.max_length, "num_classes": trained.info.num_classes},
-            "symbols": list(trained.vocab.symbols), "run_id": run_id}
+    tokenizer = tokenizer_of(trained)  # a run recorded before it kept one: its task's, checked
+    meta = meta_of(trained.config, trained.task_kind, trained.info, trained.vocab.symbols,
+                   {**trained.identity, **({"tokenizer_sha256": identity.digest(tokenizer.to_json()),
+                                            "tokenizer": str(tokenizer.name)} if tokenizer else {})},
+                   run_id=run_id)
     try:
         with paths.temp_folder(target, "export") as tmp:
-            write_weights(tmp, trained.model, meta)
+            write_weights(tmp, trained.model, meta, None if tokenizer is None else str(tokenizer.to_json()))
             (tmp / paths.MARK).unlink()
             os.rename(tmp, target)
     except OSError as exc:
         raise HarnessError(f"--out {target}: cannot be written ({exc.strerror or exc}). Pick a "
                            f"folder in a place you can write.") from None
     return target
+
+
+def tokenizer_of(trained: Trained) -> Any:
+    """The tokenizer a run reads text with (:class:`harness.data.tokenizers.Tokenizer`), or
+    None for a task without one (a symbol task): the one saved beside its weights, else its
+    task's built again, refused (:class:`harness.run.identity.DataChanged`) when it is not the
+    one the run recorded. Built once per loaded run."""
+    cached = getattr(trained, "_tokenizer", None)
+    if cached is not None:
+        return cached
+    from harness.data.tokenizers import tokenizer_from_json
+
+    if trained.tokenizer_json is not None:
+        tokenizer = tokenizer_from_json(trained.tokenizer_json, TOKENIZER_FILE)
+    else:
+        tokenizer = _task_tokenizer(trained)
+    trained._tokenizer = tokenizer  # type: ignore[attr-defined]
+    return tokenizer
+
+
+def _task_tokenizer(trained: Trained) -> Any:
+    from harness.config import parse_run_config
+    from harness.run.build import build_task
+    from harness.run.plan import load_registry, plan
+
+    data = dict(trained.config)
+    data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
+    cfg = parse_run_config(data, "the trained model's config")
+    p = plan(cfg, load_registry(cfg, None))
+    task = build_task(p, seed=cfg.train.data_seed)
+    tokenizer = getattr(task, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    before = trained.identity
+    if set(before) <= {"vocab_sha256"} and trained.source.startswith("run "):
+        before = {**identity.recorded_by_run(trained.source[4:]), **before}
+    identity.check(before, identity.of_task(task),
+                   what=f"{trained.source}: its tokenizer, read from its task's data as it is now",
+                   fix=identity.FIX_TOKENIZER, data=False)
+    return tokenizer
 
 
 # -- generating -------------------------------------------------------------------------------
