@@ -121,6 +121,8 @@ class Metric:
     UNCOUNTED_FLOPS_PER_TOKEN = "cost/uncounted_flops_per_token"  # train.flops_count: all
     CHECKPOINT_MB = "cost/checkpoint_disk_mb"  # the run's checkpoint folder after a save
     CHECKPOINT_S = "cost/checkpoint_s"  # wall time spent saving checkpoints (this process)
+    #: `harness eval`: characters of the tasks' text outside the run's vocabulary (read as <unk>)
+    EVAL_UNKNOWN_CHARS = "eval/unknown_chars"
 
 
 def val_key(metric: str, length: int | None = None) -> str:

@@ -193,12 +193,10 @@ def assert_recorded_once(home: Path, run_id: str, world: dict[str, str]) -> None
     assert run.info.status == "FINISHED"
     assert int(run.data.tags["harness.resumed_from_step"]) >= 4
     assert {k: run.data.tags[k] for k in world} == world
-    # every point once (`epoch` and `cost/params` are logged twice at one step by one process
-    # too: Lightning's epoch at a validation step, the parameter count at start and end)
+    # every point once, `epoch` and `cost/params` included (issue 40)
     for key in run.data.metrics:
         steps = [m.step for m in client.get_metric_history(run_id, key)]
-        if key not in ("epoch", "cost/params"):
-            assert len(steps) == len(set(steps)), (key, sorted(steps))
+        assert len(steps) == len(set(steps)), (key, sorted(steps))
     loss = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
     assert loss == list(range(STEPS))  # logged every step here, before and after the resume
     assert [p.name for p in (home / "checkpoints").iterdir()] == [run_id]  # one folder, rank 0's

@@ -30,7 +30,7 @@ from harness.data.vocab import BOS, EOS, SPECIALS, Vocab
 from harness.errors import ConfigError
 
 #: Distinct unknown characters a report names.
-SHOWN_UNKNOWN = 8
+SHOWN_UNKNOWN = 12
 
 
 @dataclass
