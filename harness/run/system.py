@@ -177,6 +177,7 @@ class HarnessSystem(L.LightningModule):
         self._diverged: tuple[torch.Tensor, torch.Tensor] | None = None
         #: the optimizer step's summed loss, correct predictions and scored tokens so far
         self._step_sums: torch.Tensor | None = None
+        self._micro = 0  # micro-batches of the current optimizer step seen, modulo accumulate
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -215,15 +216,17 @@ class HarnessSystem(L.LightningModule):
         micro-batch size (one reduction of three numbers per step, on the device)."""
         part = torch.stack([stats["loss_sum"].detach(), stats["correct"], stats["tokens"]]).to(torch.float64)
         self._step_sums = part if self._step_sums is None else self._step_sums + part
-        trainer = self.trainer
-        if self.accumulate > 1 and trainer.fit_loop.epoch_loop._should_accumulate():
+        self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
+        if self._micro:
             return  # not the step's last micro-batch
         sums, self._step_sums = self._step_sums, None
-        if trainer.world_size > 1:
+        trainer = self._trainer  # None: a step run by hand (tests)
+        world = trainer.world_size if trainer is not None else 1
+        if world > 1:
             sums = trainer.strategy.reduce(sums, reduce_op="sum")
         tokens = sums[2].clamp(min=1)
         # the batch size Lightning averages epoch-level values with; every value is logged per step
-        rows *= self.accumulate * trainer.world_size
+        rows *= self.accumulate * world
         self.log(Metric.TRAIN_LOSS, sums[0] / tokens, on_step=True, prog_bar=True, batch_size=rows)
         self.log(Metric.TRAIN_ACC, sums[1] / tokens, on_step=True, batch_size=rows)
 
