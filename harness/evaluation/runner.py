@@ -141,13 +141,16 @@ def _evaluate(run: Any, tasks: Sequence[str], manager: Any, *, limit: float | No
     if results is None:
         raise HarnessError("lm-eval returned no results (a process other than rank 0).")
     results = dict(results)
-    report = getattr(lm.codec, "unknown_report", lambda: None)()
-    if report is not None:  # said, counted and kept with the results (harness.evaluation.text)
+    from harness.evaluation.text import TokenizerCodec
+
+    codec = lm.codec
+    report = codec.unknown_report() if isinstance(codec, TokenizerCodec) else None
+    if isinstance(codec, TokenizerCodec) and report is not None:  # said, counted, kept (text.py)
         from harness.errors import warning
 
         warning(report)
-        results[UNKNOWN] = {"characters": sum(lm.codec.unknown.values()),
-                            "distinct": dict(lm.codec.unknown.most_common()), "message": report}
+        results[UNKNOWN] = {"characters": sum(codec.unknown.values()),
+                            "distinct": dict(codec.unknown.most_common()), "message": report}
     return results
 
 

@@ -209,11 +209,10 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
          extra_tags: dict[str, str], started: float, resume: Any = None) -> RunResult:
     """Fit, evaluate and record one built run in its own MLflow run (``resume``: in the run
     it continues), which always ends FINISHED, FAILED or KILLED."""
+    from harness.run import identity
     from harness.run.evaluate import evaluate
     from harness.run.fit import fit
     from harness.run.trained import save_final
-
-    from harness.run import identity
 
     cfg = p.config
     resolved = p.resolved_config()

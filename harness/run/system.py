@@ -222,7 +222,7 @@ class HarnessSystem(L.LightningModule):
         sums, self._step_sums = self._step_sums, None
         trainer = self._trainer  # None: a step run by hand (tests)
         world = trainer.world_size if trainer is not None else 1
-        if world > 1:
+        if trainer is not None and world > 1:
             sums = trainer.strategy.reduce(sums, reduce_op="sum")
         tokens = sums[2].clamp(min=1)
         # the batch size Lightning averages epoch-level values with; every value is logged per step

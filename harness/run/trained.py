@@ -78,8 +78,8 @@ def meta_of(config: dict[str, Any], task_kind: str, info: TaskInfo, symbols: Any
 def recorded(meta: dict[str, Any]) -> dict[str, str]:
     """The identity a ``model.json`` records; its vocabulary's digest from its symbols (which
     every ``model.json`` has, however old)."""
-    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
-    return {**{str(k): str(v) for k, v in data.items()},
+    data = meta.get("data")
+    return {**({str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}),
             "vocab_sha256": identity.vocab_digest(meta["symbols"])}
 
 
