@@ -171,7 +171,7 @@ def to_hub_model(trained: Any, run_id: str = "", tracking_uri: str | None = None
     """A :class:`HubModel` of a loaded run, with its tokenizer and model card."""
     from harness.evaluation.text import codec_of
     from harness.run import identity
-    from harness.run.trained import meta_of, tokenizer_of
+    from harness.run.saved import meta_of, tokenizer_of
 
     tokenizer = tokenizer_of(trained)
     data = {**trained.identity, **({"tokenizer_sha256": identity.digest(tokenizer.to_json()),
@@ -255,7 +255,7 @@ def load_hf(ref: str | Path) -> Any:
     with contextlib.redirect_stdout(io.StringIO()):  # the mixin prints "Loading weights from ..."
         hub = HubModel.from_pretrained(str(ref), strict=True)
     meta = hub.harness_meta
-    from harness.run.trained import recorded, saved_tokenizer
+    from harness.run.saved import recorded, saved_tokenizer
 
     tokenizer_json = saved_tokenizer(path, meta) if path.is_dir() else None
     if tokenizer_json is not None and "harness_symbols" in tokenizer_json[:40]:

@@ -43,12 +43,11 @@ from harness.data.tasks import TaskInfo
 from harness.data.vocab import BOS, EOS, SEP, Vocab
 from harness.errors import ConfigError, HarnessError, shorten
 from harness.run import checkpoint, exported, identity
+from harness.run.saved import info_of, meta_of, recorded, saved_tokenizer, tokenizer_of
 from harness.runtime import paths
 
 WEIGHTS = "model.safetensors"
 META = "model.json"
-#: The largest tokenizer file read beside a model (a 1M-id BPE is about 60 MB).
-MAX_TOKENIZER_BYTES = 256 << 20
 
 
 @dataclass
@@ -66,21 +65,6 @@ class Trained:
     identity: dict[str, str] = field(default_factory=dict)
     #: the run's tokenizer as saved beside its weights (JSON), or None: read from its task
     tokenizer_json: str | None = None
-
-
-def meta_of(config: dict[str, Any], task_kind: str, info: TaskInfo, symbols: Any,
-            data: dict[str, str], **more: Any) -> dict[str, Any]:
-    """What ``model.json`` holds (and a Hub folder's ``config.json`` under ``harness``)."""
-    return {"config": config, "task_kind": task_kind, "info": info.record(), "symbols": list(symbols),
-            "data": dict(data), **more}
-
-
-def recorded(meta: dict[str, Any]) -> dict[str, str]:
-    """The identity a ``model.json`` records; its vocabulary's digest from its symbols (which
-    every ``model.json`` has, however old)."""
-    data = meta.get("data")
-    return {**({str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}),
-            "vocab_sha256": identity.vocab_digest(meta["symbols"])}
 
 
 def write_weights(folder: Path, model: Any, meta: dict[str, Any], tokenizer_json: str | None = None) -> None:
@@ -127,21 +111,6 @@ def _build(meta: dict[str, Any], *, check: Any = None) -> tuple[Any, TaskInfo]:
     return build_model_from(p.parts, info), info
 
 
-def info_of(saved: dict[str, Any], p: Any) -> TaskInfo:
-    """The task info a ``model.json`` saved; a ``model.json`` written before it kept every
-    field (format, sizes and classes only) gets the task's hints from its class and, where
-    its config keeps documents apart, the document token from its task built again."""
-    info = TaskInfo.from_record(saved)
-    if "extra" not in saved:
-        hints = getattr(p.task.spec.build, "model_hints", None)
-        info.extra = dict(hints) if isinstance(hints, dict) else {}
-    if "document_token" not in saved and p.task.params.separate_documents():
-        from harness.run.build import build_task
-
-        info.document_token = build_task(p, seed=p.config.train.data_seed).document_token
-    return info
-
-
 def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Trained:
     """An exported folder's model, checked first (:mod:`harness.run.exported`); the run's own
     folder in the store is the user's and trusted."""
@@ -161,31 +130,6 @@ def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Train
     model.eval()
     return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source,
                    recorded(meta), tokenizer_json)
-
-
-def saved_tokenizer(folder: Path, meta: dict[str, Any]) -> str | None:
-    """The ``tokenizer.json`` beside a model's weights (None when there is none), checked to be
-    the tokenizer ``meta`` records (its SHA-256)."""
-    from harness.runtime.files import open_regular
-
-    path = folder / TOKENIZER_FILE
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        with open_regular(path, "the model's tokenizer") as fh:
-            text = fh.read(MAX_TOKENIZER_BYTES + 1).decode("utf-8")
-    except HarnessError as exc:
-        raise exported.DamagedExport(str(exc)) from None
-    except UnicodeDecodeError:
-        raise exported.DamagedExport(f"{path}: not UTF-8 text. Export the run again.") from None
-    want = recorded(meta).get("tokenizer_sha256")
-    if len(text) > MAX_TOKENIZER_BYTES or (want and identity.digest(text) != want):
-        raise exported.DamagedExport(
-            f"{path} is not the tokenizer the run trained with (model.json records sha256 "
-            f"{(want or '')[:identity.SHOWN]}, the file is {identity.digest(text)[:identity.SHOWN]}): "
-            f"text read with it would be scored wrongly. Export the run again (harness export "
-            f"RUN_ID --out DIR).")
-    return text
 
 
 def _from_checkpoint(path: Path, run_id: str) -> Trained:
@@ -276,46 +220,6 @@ def export(run_id: str, out: str | Path) -> Path:
         raise HarnessError(f"--out {target}: cannot be written ({exc.strerror or exc}). Pick a "
                            f"folder in a place you can write.") from None
     return target
-
-
-def tokenizer_of(trained: Trained) -> Any:
-    """The tokenizer a run reads text with (:class:`harness.data.tokenizers.Tokenizer`), or
-    None for a task without one (a symbol task): the one saved beside its weights, else its
-    task's built again, refused (:class:`harness.run.identity.DataChanged`) when it is not the
-    one the run recorded. Built once per loaded run."""
-    cached = getattr(trained, "_tokenizer", None)
-    if cached is not None:
-        return cached
-    from harness.data.tokenizers import tokenizer_from_json
-
-    if trained.tokenizer_json is not None:
-        tokenizer = tokenizer_from_json(trained.tokenizer_json, TOKENIZER_FILE)
-    else:
-        tokenizer = _task_tokenizer(trained)
-    trained._tokenizer = tokenizer  # type: ignore[attr-defined]
-    return tokenizer
-
-
-def _task_tokenizer(trained: Trained) -> Any:
-    from harness.config import parse_run_config
-    from harness.run.build import build_task
-    from harness.run.plan import load_registry, plan
-
-    data = dict(trained.config)
-    data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
-    cfg = parse_run_config(data, "the trained model's config")
-    p = plan(cfg, load_registry(cfg, None))
-    task = build_task(p, seed=cfg.train.data_seed)
-    tokenizer = getattr(task, "tokenizer", None)
-    if tokenizer is None:
-        return None
-    before = trained.identity
-    if set(before) <= {"vocab_sha256"} and trained.source.startswith("run "):
-        before = {**identity.recorded_by_run(trained.source[4:]), **before}
-    identity.check(before, identity.of_task(task),
-                   what=f"{trained.source}: its tokenizer, read from its task's data as it is now",
-                   fix=identity.FIX_TOKENIZER, data=False)
-    return tokenizer
 
 
 # -- generating -------------------------------------------------------------------------------
