@@ -162,7 +162,7 @@ def codec_from_json(text: str, vocab: Vocab, name: str) -> Codec:
 
 def codec_of(trained: Any) -> Codec:
     """The codec of a trained run: its tokenizer (saved beside its weights, else its task's,
-    checked: :func:`harness.run.trained.tokenizer_of`), else its vocabulary's symbols."""
+    checked: :func:`harness.run.saved.tokenizer_of`), else its vocabulary's symbols."""
     from harness.run.saved import tokenizer_of
 
     tokenizer = tokenizer_of(trained)
