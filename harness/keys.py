@@ -49,6 +49,11 @@ class Tag:
     DRIVER_VERSION = "harness.driver_version"  # the NVIDIA kernel driver
     DATA = "harness.data"  # what the task read (Task.data_summary): a user's corpus or files
     DATA_PARAMS = "harness.data_params"  # the task params that summary replaces (comma list)
+    #: what a run's results may be computed with (JSON: vocabulary, tokenizer and data
+    #: digests; harness.run.identity), set when the run starts
+    DATA_IDENTITY = "harness.data_identity"
+    #: characters of `harness eval`'s text outside the run's vocabulary, read as <unk>
+    EVAL_UNKNOWN = "harness.eval_unknown"
     # the runs of a study (parent and children)
     STUDY = "harness.study"
     KIND = "harness.kind"  # "study" on a study's parent run
@@ -117,6 +122,8 @@ class Metric:
     UNCOUNTED_FLOPS_PER_TOKEN = "cost/uncounted_flops_per_token"  # train.flops_count: all
     CHECKPOINT_MB = "cost/checkpoint_disk_mb"  # the run's checkpoint folder after a save
     CHECKPOINT_S = "cost/checkpoint_s"  # wall time spent saving checkpoints (this process)
+    #: `harness eval`: characters of the tasks' text outside the run's vocabulary (read as <unk>)
+    EVAL_UNKNOWN_CHARS = "eval/unknown_chars"
 
 
 def val_key(metric: str, length: int | None = None) -> str:

@@ -196,3 +196,27 @@ def test_the_memory_check_counts_one_micro_batchs_logits():
     whole = estimate(p, info, lambda p, info: build(p).model)
     micro = estimate(the_plan(batch_size=64, micro_batch_size=8), info, lambda p, info: build(p).model)
     assert micro.logits_bytes * 8 == whole.logits_bytes and micro.state_bytes == whole.state_bytes
+
+
+def test_the_logged_training_loss_is_the_whole_batchs_at_any_micro_batch_size(tmp_path):
+    """``train/loss`` is the optimizer batch's token-weighted loss, summed over its micro-batches
+    (g2p: rows score different numbers of tokens), not the last micro-batch's: the same curve
+    with and without micro-batches (identical weights in float64)."""
+    from mlflow.tracking import MlflowClient
+
+    from harness.run.pipeline import train as train_run
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    curves = []
+    for micro in (None, 3):
+        result = train_run({
+            "task": {"name": "g2p", "params": {"length": 8, "num_train": 64, "num_val": 8, "decode_eval": False}},
+            "model": {"name": "transformer", "params": {"d_model": 16, "layers": 1, "heads": 2, "dropout": 0.0}},
+            "train": {"max_steps": 4, "batch_size": 8, "val_every": 4, "progress": False, "num_threads": 1,
+                      "log_attention": False, "precision": "64-true", "micro_batch_size": micro},
+            "tracking": {"uri": store}})
+        history = MlflowClient(store).get_metric_history(result.run_id, "train/loss")
+        curves.append({m.step: m.value for m in history})
+    assert sorted(curves[0]) == [0, 1, 2, 3]
+    for step, value in curves[0].items():
+        assert curves[1][step] == pytest.approx(value, rel=1e-9), (step, curves)

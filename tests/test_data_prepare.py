@@ -114,11 +114,12 @@ def test_a_rerun_on_unchanged_sources_reuses_and_a_change_prepares_again(tmp_pat
 
 
 def test_empty_documents_are_skipped_and_replaced_bytes_counted(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": ""}\n{"text": "kept"}\n')
+    filler = "".join(f'{{"text": "document {i}"}}\n' for i in range(40))  # every split gets text
+    (tmp_path / "a.jsonl").write_text('{"text": ""}\n{"text": "kept"}\n' + filler)
     (tmp_path / "b.txt").write_bytes(b"bad \xff byte\n")
-    result = prepare([tmp_path], tmp_path / "out", workers=1, progress=False, split_fractions=(1, 1e-9, 0))
+    result = prepare([tmp_path], tmp_path / "out", workers=1, progress=False, split_fractions=(0.5, 0.5, 0))
     m = result.manifest
-    assert m["empty_documents"] == 1 and m["splits"]["train"]["documents"] == 2
+    assert m["empty_documents"] == 1 and sum(s["documents"] for s in m["splits"].values()) == 42
     assert [s["replaced_bytes"] for s in m["sources"]] == [0, 1]
     assert "1 bytes that are not UTF-8 were replaced by U+FFFD" in result.summary()
 
@@ -163,9 +164,9 @@ def test_a_vocabulary_past_uint16_is_stored_as_uint32(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "big.json"))
-    write_jsonl(tmp_path / "a.jsonl", ["w69999 w1 w2", "w3 w69998"])
+    write_jsonl(tmp_path / "a.jsonl", ["w69999 w1 w2", "w3 w69998", "w1"])  # w1: the val split's
     m = prepare([tmp_path / "a.jsonl"], tmp_path / "out", tokenizer=str(tmp_path / "big.json"),
-                workers=1, progress=False, split_fractions=(1, 1e-9, 0)).manifest
+                workers=1, progress=False, split_fractions=(0.9, 0.1, 0)).manifest
     assert m["dtype"] == "uint32"
     train = open_corpus(tmp_path / "out").split("train")
     assert train.read(0, train.tokens).tolist() == [69999 + 5, 1 + 5, 2 + 5, EOD_ID, 3 + 5, 69998 + 5, EOD_ID]

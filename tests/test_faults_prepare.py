@@ -171,12 +171,36 @@ def test_workers_and_bpe_sizes_beyond_meaning_are_refused_at_once(capsys, tmp_pa
     assert code == 2 and "1,048,576" in one_paragraph(capsys.readouterr().err)
 
 
-def test_a_bpe_vocabulary_larger_than_the_corpus_supports_is_said(tmp_path):
+def test_a_bpe_vocabulary_larger_than_the_corpus_supports_is_said(tmp_path, capsys):
+    """An honest clamp: the BPE learns every merge the train text has (no larger vocabulary
+    exists for it) and one ``warning:`` line says so on every path that prepares, the Python
+    API and a task preparing its source included (before issue 40 only the command's summary
+    said it); the run's data tag names the vocabulary learned and the one asked for."""
     (tmp_path / "a.jsonl").write_text(docs())
     result = prepare([tmp_path / "a.jsonl"], tmp_path / "out", tokenizer="bpe:70000", progress=False)
     learned = result.manifest["tokenizer"]["vocab_size"]
     assert learned < 70000 and result.manifest["tokenizer"]["name"] == f"bpe:{learned}"
-    assert "asked for bpe:70000" in result.summary() and f"{learned}" in result.summary()
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1
+    assert f"tokenizer bpe:70000: the train text supports only {learned:,} ids" in " ".join(warned[0].split())
+    from harness import create_task
+
+    task = create_task("corpus_lm", seed=0, path=str(tmp_path / "out"), length=2, eval_tokens=4)
+    assert f"tokenizer bpe:{learned}, asked for bpe:70000 ({learned} tokens)" in task.data_summary()
+    prepare([tmp_path / "a.jsonl"], tmp_path / "out", tokenizer="bpe:70000", progress=False)
+    assert "warning:" not in capsys.readouterr().err  # reused: said when it was made
+
+
+def test_a_split_given_a_fraction_that_gets_no_text_is_refused(capsys, tmp_path):
+    (tmp_path / "a.jsonl").write_text(docs())
+    code, err = run_prepare(capsys, str(tmp_path / "a.jsonl"), "--split-fractions", "0.999999,0.000001,0",
+                            "--out", str(tmp_path / "out"))
+    err = one_paragraph(err)
+    assert code == 2 and "the val split got no text" in err and "--split-fractions gives it 1e-06" in err
+    assert not (tmp_path / "out").exists()
+    code, err = run_prepare(capsys, str(tmp_path / "a.jsonl"), "--split-fractions", "0.5,0.4999,0.0001",
+                            "--out", str(tmp_path / "out"))
+    assert code == 2 and "the test split got no text" in one_paragraph(err) and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("where", ["file_below", "proc", "dangling", "unwritable"])

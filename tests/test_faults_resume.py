@@ -126,8 +126,10 @@ def test_foreign_newest_checkpoints_are_skipped_and_the_run_stays_resumable(kill
     assert "using step-000000004.ckpt instead" in text and "not a checkpoint this harness wrote" in text
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["harness.resumed_from_step"] == "4"
-    steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
-    assert len(steps) == len(set(steps)), "each step logged once"
+    for key in run.data.metrics:  # each point once, epoch and cost/params included (issue 40)
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))
+    assert [m.step for m in client.get_metric_history(run_id, "cost/params")] == [0]
 
 
 def test_a_second_resume_of_a_run_is_refused_while_one_holds_it(killed, capsys):
@@ -136,6 +138,22 @@ def test_a_second_resume_of_a_run_is_refused_while_one_holds_it(killed, capsys):
         code = main(["train", "--resume", run_id, "--tracking-uri", uri])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "being resumed already" in err and str(os.getpid()) in err
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+
+
+def test_a_refused_resume_changes_nothing_on_disk(killed, tmp_path, capsys):
+    """A changed config, a missing checkpoint folder: refused, and the run's folder is as it
+    was (no lock file left behind, no folder made)."""
+    uri, run_id = killed
+    root = checkpoint.folder(run_id)
+    before = sorted(p.name for p in root.iterdir())
+    assert main(["train", "--resume", run_id, "--tracking-uri", uri, "--set", "train.lr=0.5"]) == 2
+    assert "train.lr was 0.01, now 0.5" in " ".join(capsys.readouterr().err.split())
+    assert sorted(p.name for p in root.iterdir()) == before
+    shutil.move(root, tmp_path / "moved")
+    assert main(["train", "--resume", run_id, "--tracking-uri", uri]) == 2
+    assert "has no usable checkpoint" in " ".join(capsys.readouterr().err.split())
+    assert not root.exists(), "a refused resume makes no folder"
     assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
 
 

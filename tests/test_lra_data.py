@@ -70,6 +70,13 @@ def test_retrieval_reads_pairs_as_doc1_sep_doc2_each_truncated(tmp_path):
     assert task.model_hints == {"two_tower": True}
 
 
+def test_retrieval_refuses_an_empty_file_of_any_split_when_built(tmp_path):
+    root = make_aan(tmp_path / "tsv_data", {s: [("1", "a", "b")] for s in ("train", "val", "test")})
+    (root / "new_aan_pairs.test.tsv").write_text("")
+    with pytest.raises(ConfigError, match="new_aan_pairs.test.tsv, which is empty"):
+        LraRetrievalTask(LraRetrievalConfig(data_dir=str(root)), seed=0)
+
+
 def test_retrieval_names_the_line_of_a_malformed_file(tmp_path):
     root = make_aan(tmp_path / "tsv_data", {"train": [("1", "a", "b")], "val": [("1", "a", "b")],
                                             "test": [("1", "a", "b")]})
@@ -115,9 +122,12 @@ def test_image_refuses_files_that_are_not_cifar_binary(tmp_path):
     root = tmp_path / "cifar-10-batches-bin"
     make_cifar(root, 2, np.random.default_rng(1))
     (root / "data_batch_3.bin").write_bytes(b"\x80\x04 not a binary batch")  # e.g. a pickle
-    task = LraImageTask(LraImageConfig(data_dir=str(root)), seed=0)
-    with pytest.raises(ConfigError, match="not a multiple of 3073"):
-        task.examples("train", 1024)
+    with pytest.raises(ConfigError, match="not a multiple of 3,073"):  # when the task is built
+        LraImageTask(LraImageConfig(data_dir=str(root)), seed=0)
+    make_cifar(root, 2, np.random.default_rng(1))
+    (root / "test_batch.bin").write_bytes(b"")  # a test file of zero bytes: no run reads it, yet refused
+    with pytest.raises(ConfigError, match="test_batch.bin, which is empty"):
+        LraImageTask(LraImageConfig(data_dir=str(root)), seed=0)
     (root / "test_batch.bin").unlink()
     with pytest.raises(MissingDataError, match="cifar-10-binary.tar.gz"):
         LraImageTask(LraImageConfig(data_dir=str(root)), seed=0)

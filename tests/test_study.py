@@ -267,6 +267,36 @@ def test_trial_callback_reports_at_optimizer_steps(registry):
     assert ours.study.trials[0].user_attrs["harness.mlflow_run_id"]
 
 
+def test_the_pruner_compares_trials_on_the_objectives_own_length(registry):
+    """An objective at another length than training (copy trained at 4, judged at 6): the
+    trial reports val/loss at length 6 at every validation, which the run validates there too
+    while training, and its last report is the run's final val/loss_len6 (not the loss at the
+    training length the pruner used to compare). A model that cannot run the length (learned
+    positions) is not validated there and reports nothing; its run is unharmed."""
+    from harness.run.pipeline import train
+    from harness.study.worker import trial_callback
+
+    model = CANDIDATE["model"]
+    cfg = {"task": copy.deepcopy(TINY["task"]),
+           "model": {"name": model["name"], "params": model["params"],
+                     "attention": {"name": model["attention"]["name"]},
+                     "position": {"name": model["position"]["name"]}},
+           "train": TINY["train"] | {"max_steps": 20, "lr": 0.01, "progress": False}}
+    trial = optuna.create_study().ask()
+    result = train(cfg, registry=registry, callbacks=[trial_callback(
+        trial, "val/loss_len6", report=True, prune=False, max_steps=20, length=6)])
+    reported = trial.study.trials[0].intermediate_values
+    assert sorted(reported) == [10, 20]
+    assert reported[20] == pytest.approx(result.metrics["val/loss_len6"], rel=1e-6)
+    assert abs(reported[20] - result.metrics["val/loss"]) > 1e-3  # a different question
+    cfg["model"]["position"] = {"name": "learned"}
+    trial = optuna.create_study().ask()
+    result = train(cfg, registry=registry, callbacks=[trial_callback(
+        trial, "val/loss_len6", report=True, prune=False, max_steps=20, length=6, fixed=True)])
+    assert trial.study.trials[0].intermediate_values == {} and result.status == "FINISHED"
+    assert result.not_applicable == [6]
+
+
 @pytest.mark.slow
 def test_multi_objective_study_and_an_infeasible_trial(tmp_path, capsys):
     # heads 3 does not divide d_model 16: the random sampler (slot-seeded) draws heads

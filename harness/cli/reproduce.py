@@ -78,6 +78,11 @@ def reproduce(run_id: str, tracking_uri: str | None = None, extra_plugins: list[
     cfg = parse_run_config(data, f"the config of run {run_id}")
     registry = load_registry(cfg, None)
     p = plan(cfg, registry)
+    from harness.run import identity
+    from harness.run.pipeline import task_identity
+
+    identity.check(identity.from_tags(dict(run.data.tags)), task_identity(p),
+                   what=f"run {run_id} cannot be re-run as it was", fix=identity.FIX_DATA)
     for line in version_differences(dict(run.data.tags), provenance_tags(p)):
         print(f"harness: version differs from the recorded run: {line}", file=sys.stderr)
     result = train(cfg, registry=registry, extra_tags={Tag.RERUN_OF: run_id})

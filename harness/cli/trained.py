@@ -22,6 +22,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--prompt is empty; give the text to continue.")
     out = t.generate(model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    report = getattr(codec, "unknown_report", lambda: None)()
+    if report is not None:
+        from harness.errors import warning
+
+        warning(f"--prompt: {report}")
     print(codec.decode(out))
     return 0
 
@@ -41,7 +46,8 @@ def cmd_export(args: argparse.Namespace) -> int:
               f"harness.load_model({str(target)!r}) or HubModel.from_pretrained (docs/evaluation.md)")
         return 0
     target = t.export(args.run, args.out)
-    print(f"exported {args.run} to {target} ({t.WEIGHTS}, {t.META}); load it with "
+    carried = f", {t.TOKENIZER_FILE}" if (target / t.TOKENIZER_FILE).is_file() else ""
+    print(f"exported {args.run} to {target} ({t.WEIGHTS}, {t.META}{carried}); load it with "
           f"harness.load_model({str(target)!r})")
     return 0
 

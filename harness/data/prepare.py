@@ -54,7 +54,7 @@ import numpy as np
 from harness.data.corpus import FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_FILE
 from harness.data.readers import COMPRESSED, ReadStats, file_digest, iter_records, resolve_sources
 from harness.data.tokenizers import Tokenizer, build_tokenizer, parse_spec, tokenizer_from_json
-from harness.errors import ConfigError
+from harness.errors import ConfigError, warning
 from harness.runtime import paths
 
 #: ``--workers`` at most this many per usable core (each is a process with the tokenizer).
@@ -95,10 +95,6 @@ class Prepared:
             files = [f"{src['path']} ({src['replaced_bytes']})" for src in m["sources"] if src["replaced_bytes"]]
             lines.append(f"  {replaced} bytes that are not UTF-8 were replaced by U+FFFD: {', '.join(files[:5])}"
                          + (" ..." if len(files) > 5 else ""))
-        asked = parse_spec(m["tokenizer"].get("spec", ""))[1] if str(m["tokenizer"].get("spec", "")).startswith("bpe:") else None
-        if asked is not None and m["tokenizer"]["vocab_size"] < asked:
-            lines.append(f"  asked for bpe:{asked}; the train text supports only {m['tokenizer']['vocab_size']} "
-                         f"ids (no pair of tokens left to merge): prepare more text or ask for fewer")
         if m.get("empty_documents"):
             lines.append(f"  {m['empty_documents']} empty documents skipped")
         if not self.reused and self.seconds:
@@ -384,7 +380,20 @@ def prepare(sources: Sequence[str | Path], out: str | Path, *, tokenizer: str = 
         raise ConfigError(f"--out {out}: cannot be written ({exc.strerror or exc}). Name a folder in "
                           f"a place you can write.") from None
     final = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    _say_smaller_vocabulary(final)
     return Prepared(out, final, reused=False, seconds=time.perf_counter() - started)
+
+
+def _say_smaller_vocabulary(manifest: dict[str, Any]) -> None:
+    """A BPE that learned fewer ids than asked is kept (every pair of tokens in the train text
+    is merged: no larger vocabulary exists for it), and said in one ``warning:`` line on every
+    path that prepares (the command, ``harness.prepare_corpus``, a task preparing its source)."""
+    tok = manifest["tokenizer"]
+    kind, asked = parse_spec(tok["spec"]) if str(tok.get("spec", "")).startswith("bpe:") else ("", None)
+    if kind == "bpe" and asked is not None and tok["vocab_size"] < asked:
+        warning(f"tokenizer {tok['spec']}: the train text supports only {tok['vocab_size']:,} ids (no "
+                f"pair of tokens left to merge), so the corpus is prepared with {tok['name']}. Prepare "
+                f"more text for a larger vocabulary, or ask for {tok['name']} to say what you get.")
 
 
 def check_workers(workers: int | None) -> None:
@@ -500,7 +509,7 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
             on_chunk(index)
     bar.finish()
     splits = {w.name: w.close() for w in writers}
-    _check_splits(splits, empty, files)
+    _check_splits(splits, empty, files, [cumulative[0], *np.diff(cumulative)])
     sources = [{**d, "records": stats.records.get(str(p), 0), "replaced_bytes": stats.replaced.get(str(p), 0)}
                for d, p in zip(digests, files, strict=True)]
     return {
@@ -513,20 +522,23 @@ def _write(files: list[Path], tmp: Path, options: dict[str, Any], digests: list[
     }
 
 
-def _check_splits(splits: dict[str, Any], empty: int, files: list[Path]) -> None:
-    """A corpus without text, or without a train or val document, is refused (not written)."""
+def _check_splits(splits: dict[str, Any], empty: int, files: list[Path], fractions: Sequence[float]) -> None:
+    """A corpus without text, or a split that was given a fraction and got no document (a
+    train split cannot be trained on, an empty val or test split cannot be scored), is
+    refused, nothing written."""
     if not any(s["tokens"] for s in splits.values()):
         raise ConfigError(
             f"the sources hold no text: {empty:,} documents, every one empty or null "
             f"({', '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}). Check --field "
             f"(the field that holds the text) and the files.")
-    for name in ("train",):  # a val split may be empty (a tiny corpus); training reads train
-        if not splits[name]["documents"]:
-            docs = sum(s["documents"] for s in splits.values())
+    docs = sum(s["documents"] for s in splits.values())
+    for name, fraction in zip(SPLITS, fractions, strict=True):
+        if fraction > 0 and not splits[name]["tokens"]:
             raise ConfigError(
-                f"the {name} split got no document ({docs:,} documents in all): the corpus has too "
-                f"few documents for these --split-fractions. Give the {name} split a larger "
-                f"fraction or prepare more documents.")
+                f"the {name} split got no text: --split-fractions gives it {fraction:.6g} of the "
+                f"{docs:,} documents (about {fraction * docs:.3g}), and documents go to a split by a "
+                f"hash of their text. Give the {name} split a larger fraction (e.g. 0.9,0.05,0.05) "
+                f"or prepare more documents.")
 
 
 def _tokenized(chunks: Iterator[list[str]], tok: Tokenizer, cumulative: Sequence[float], dtype: str,

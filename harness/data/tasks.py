@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from annotated_types import Ge
@@ -112,6 +112,13 @@ class Task:
         None (generated data: the params say it all)."""
         return None
 
+    def data_identity(self) -> dict[str, str]:
+        """What the task read, as digests a later use of the run compares with the data as it
+        is then (:mod:`harness.run.identity`): ``data_sha256`` (a prepared corpus: its
+        manifest's SHA-256) and ``data`` (where, in words). Default: none (generated data:
+        the params say it all; the vocabulary and tokenizer are compared for every task)."""
+        return {}
+
     def examples(self, split: str, length: int) -> Sequence[Example]:
         """The examples of ``split`` ("train", "val" or "test") at ``length`` (cached)."""
         key = (split, length)
@@ -178,6 +185,18 @@ class TaskInfo:
     #: (``harness.nn.documents``); None: a window is one stream (packed documents)
     document_token: int | None = None
 
+    def record(self) -> dict[str, Any]:
+        """Every field, as JSON: what a saved model keeps (``model.json``, a Hub folder's
+        ``config.json``) so that the model built again from it is the model that trained.
+        A field added here travels through every save and load without another change."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> TaskInfo:
+        """The info :meth:`record` wrote (fields it does not know are ignored; missing ones
+        take their defaults: :func:`harness.run.trained.info_of` fills those a model needs)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
+
+    def unknown_pieces(self, text: str, ids: Sequence[int]) -> list[str]:
+        """The pieces of ``text`` this tokenizer read as ``<unk>`` (``ids``: its encoding);
+        none for a tokenizer that reads every text (bytes, byte-level BPE)."""
+        return []
 
     def token_bytes(self) -> np.ndarray:
         """Per id, the UTF-8 bytes it stands for (int64; 0 for special tokens)."""
@@ -142,6 +148,12 @@ class CharTokenizer(Tokenizer):
         known = self._points[at] == points
         return np.where(known, at + self.OFFSET, self.UNK_ID).astype(np.int64)
 
+    def unknown_pieces(self, text: str, ids: Sequence[int]) -> list[str]:
+        if self.UNK_ID not in ids:
+            return []
+        known = set(self.chars)
+        return [c for c in text if c not in known]
+
     def decode(self, ids: Iterable[int]) -> str:
         out = []
         for i in map(int, ids):
@@ -196,6 +208,22 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Iterable[int]) -> str:
         inner = [int(i) - self.offset for i in ids if int(i) >= len(RESERVED)]
         return str(self.tok.decode(inner, skip_special_tokens=False))
+
+    def unknown_pieces(self, text: str, ids: Sequence[int]) -> list[str]:
+        unk = self.unk_id
+        if unk is None or unk not in ids:
+            return []
+        encoded = self.tok.encode(text, add_special_tokens=False)
+        return [text[a:b] for i, (a, b) in zip(encoded.ids, encoded.offsets, strict=True)
+                if i + self.offset == unk]
+
+    @cached_property
+    def unk_id(self) -> int | None:
+        """The id of the model's unknown token (WordPiece, a BPE with ``unk_token``), or None."""
+        model = json.loads(self.tok.to_str()).get("model") or {}
+        name = model.get("unk_token") if isinstance(model, dict) else None
+        found = self.tok.token_to_id(name) if isinstance(name, str) else None
+        return None if found is None else int(found) + self.offset
 
     def byte_level(self) -> bool:
         decoder = json.loads(self.tok.to_str()).get("decoder") or {}

@@ -28,6 +28,8 @@ from harness.errors import ConfigError, HarnessError
 #: dataset_path values whose data_files are local files read by ``datasets``' own builders.
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 RESULTS_ARTIFACT = "eval/results.json"
+#: Where the results keep the characters read as <unk> (harness.evaluation.text).
+UNKNOWN = "harness_unknown_characters"
 
 
 def task_manager(tasks: Sequence[str], include_path: str | Path | None) -> Any:
@@ -138,7 +140,18 @@ def _evaluate(run: Any, tasks: Sequence[str], manager: Any, *, limit: float | No
                           f"here: point its YAML at local files (docs/evaluation.md).") from None
     if results is None:
         raise HarnessError("lm-eval returned no results (a process other than rank 0).")
-    return dict(results)
+    results = dict(results)
+    from harness.evaluation.text import TokenizerCodec
+
+    codec = lm.codec
+    report = codec.unknown_report() if isinstance(codec, TokenizerCodec) else None
+    if isinstance(codec, TokenizerCodec) and report is not None:  # said, counted, kept (text.py)
+        from harness.errors import warning
+
+        warning(report)
+        results[UNKNOWN] = {"characters": sum(codec.unknown.values()),
+                            "distinct": dict(codec.unknown.most_common()), "message": report}
+    return results
 
 
 def _key(text: str) -> str:
@@ -156,6 +169,10 @@ def metrics(results: dict[str, Any]) -> dict[str, float]:
             if not math.isfinite(float(value)):
                 continue
             out[_key(f"eval/{task}/{metric}{'' if filt == 'none' else '_' + filt}")] = float(value)
+    if results.get(UNKNOWN):
+        from harness.keys import Metric
+
+        out[Metric.EVAL_UNKNOWN_CHARS] = float(results[UNKNOWN]["characters"])
     return out
 
 
@@ -178,6 +195,10 @@ def record(run_id: str, results: dict[str, Any], tracking_uri: str | None = None
 
     now = int(time.time() * 1000)
     tracker.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()])
+    if results.get(UNKNOWN):
+        from harness.keys import Tag
+
+        tracker.set_tags(run_id, {Tag.EVAL_UNKNOWN: str(results[UNKNOWN]["message"])[:5000]})
     tracker.client.log_dict(run_id, jsonable(results), RESULTS_ARTIFACT)
     return values
 

@@ -2,10 +2,19 @@
 
 A run trained on a prepared corpus (``corpus_lm``) reads text through the corpus's tokenizer
 (``bytes``, ``chars``, ``bpe:VOCAB`` or a ``tokenizer.json``): its token ids are the model's
-ids. A folder written by ``harness export --format hf`` carries that tokenizer as
-``tokenizer.json``. A run on a symbol task (``copy``, ``associative_recall``...) has no
-tokenizer: its text is its vocabulary's symbols, separated by spaces (or one character each
-when every symbol is one character); the special tokens are written ``<sep>``, ``<eos>``...
+ids. The run keeps that tokenizer beside its weights and every exported folder carries it as
+``tokenizer.json``; a run recorded before that reads it from its corpus, checked to be the
+one it trained with (:mod:`harness.run.identity`). A run on a symbol task (``copy``,
+``associative_recall``...) has no tokenizer: its text is its vocabulary's symbols, separated
+by spaces (or one character each when every symbol is one character); the special tokens are
+written ``<sep>``, ``<eos>``...
+
+**Unknown characters.** A tokenizer with an ``<unk>`` token (``chars``; a ``tokenizer.json``
+with one) reads a character it never saw in training as ``<unk>``, so two texts that differ
+only in such characters score the same. :class:`TokenizerCodec` counts them
+(:meth:`TokenizerCodec.unknown_report`): ``harness eval`` and ``harness generate`` warn with one
+``warning:`` line, and ``harness eval`` logs the count (``eval/unknown_chars``) and the tag
+``harness.eval_unknown``.
 
 :func:`codec_of` finds the right one for a :class:`~harness.run.trained.Trained`.
 """
@@ -13,22 +22,27 @@ when every symbol is one character); the special tokens are written ``<sep>``, `
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.data.vocab import BOS, EOS, SPECIALS, Vocab
 from harness.errors import ConfigError
 
-#: The tokenizer file beside a model's weights (the Hugging Face name).
-TOKENIZER_FILE = "tokenizer.json"
+#: Distinct unknown characters a report names.
+SHOWN_UNKNOWN = 12
 
 
 @dataclass
 class TokenizerCodec:
-    """A corpus tokenizer (:mod:`harness.data.tokenizers`); ids are the model's ids."""
+    """A corpus tokenizer (:mod:`harness.data.tokenizers`); ids are the model's ids, below
+    ``vocab_size`` (the model's) when given."""
 
     tokenizer: Any
+    vocab_size: int | None = None
+    #: characters read as <unk> (each with how often), and the texts they came in
+    unknown: Counter[str] = field(default_factory=Counter)
+    texts_with_unknown: int = 0
 
     @property
     def name(self) -> str:
@@ -44,7 +58,32 @@ class TokenizerCodec:
         return frozenset({EOS, int(self.tokenizer.eod_id)})
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        ids = self.tokenizer.encode(text)
+        pieces = self.tokenizer.unknown_pieces(text, ids)
+        if pieces:
+            self.unknown.update(pieces)
+            self.texts_with_unknown += 1
+        if self.vocab_size is not None and ids and max(ids) >= self.vocab_size:
+            from harness.run.identity import DataChanged
+
+            raise DataChanged(
+                f"the tokenizer {self.name} gives token id {max(ids):,}, and the model knows "
+                f"{self.vocab_size:,} ids: it is not the tokenizer the model trained with (its "
+                f"vocabulary grew). Use the run's own tokenizer (runs keep it beside their weights; "
+                f"`harness export RUN_ID --out DIR` carries it).")
+        return ids
+
+    def unknown_report(self) -> str | None:
+        """One sentence on the characters read as ``<unk>`` so far, or None when there were none."""
+        if not self.unknown:
+            return None
+        total = sum(self.unknown.values())
+        shown = ", ".join(repr(c) for c, _ in self.unknown.most_common(SHOWN_UNKNOWN))
+        more = f" and {len(self.unknown) - SHOWN_UNKNOWN} more" if len(self.unknown) > SHOWN_UNKNOWN else ""
+        return (f"{total:,} character{'s' if total != 1 else ''} in {self.texts_with_unknown:,} "
+                f"text{'s' if self.texts_with_unknown != 1 else ''} are not in the run's vocabulary "
+                f"(tokenizer {self.name}) and were read as <unk>: {shown}{more}. Texts that differ only "
+                f"in them score the same; a choice written in them is not judged on its own text.")
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids))
@@ -122,28 +161,11 @@ def codec_from_json(text: str, vocab: Vocab, name: str) -> Codec:
 
 
 def codec_of(trained: Any) -> Codec:
-    """The codec of a trained run: the tokenizer saved beside its weights, else its task's
-    (the corpus's, built again from the recorded config), else its vocabulary's symbols."""
-    source = Path(trained.source)
-    saved = source / TOKENIZER_FILE if source.is_dir() else None
-    if saved is not None and saved.is_file():
-        return codec_from_json(saved.read_text(encoding="utf-8"), trained.vocab, str(saved))
-    tokenizer = task_tokenizer(trained.config)
+    """The codec of a trained run: its tokenizer (saved beside its weights, else its task's,
+    checked: :func:`harness.run.saved.tokenizer_of`), else its vocabulary's symbols."""
+    from harness.run.saved import tokenizer_of
+
+    tokenizer = tokenizer_of(trained)
     if tokenizer is not None:
-        return TokenizerCodec(tokenizer)
+        return TokenizerCodec(tokenizer, int(trained.info.vocab_size))
     return SymbolCodec(trained.vocab)
-
-
-def task_tokenizer(config: dict[str, Any]) -> Any:
-    """The tokenizer of a run's task (``Task.tokenizer``), the task built again from its config;
-    None for a task without one."""
-    from harness.config import parse_run_config
-    from harness.run.build import build_task
-    from harness.run.plan import load_registry, plan
-
-    data = dict(config)
-    data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
-    cfg = parse_run_config(data, "the trained model's config")
-    p = plan(cfg, load_registry(cfg, None))
-    task = build_task(p, seed=cfg.train.data_seed)
-    return getattr(task, "tokenizer", None)

@@ -31,21 +31,32 @@ def supported_lengths(p: Plan, task: Any, model: Any) -> tuple[list[int], list[i
     its spec or its position scheme's declares ``extrapolates=False``: then it runs only
     inputs no longer than the longest training input.
     """
+    return lengths_run(task, model, p.fmt, fixed_length(p), task.eval_lengths)
+
+
+def fixed_length(p: Plan) -> bool:
+    """Whether the plan's model (or its position scheme) declares it cannot extrapolate."""
+    return bool(not p.model.spec.extrapolates or (p.position and not p.position.spec.extrapolates))
+
+
+def lengths_run(task: Any, model: Any, fmt: BatchFormat, fixed: bool,
+                lengths: Any) -> tuple[list[int], list[int]]:
+    """``lengths`` split into those ``model`` can run and those it cannot (see
+    :func:`supported_lengths`; ``fixed``: :func:`fixed_length`)."""
     ok: list[int] = []
     na: list[int] = []
     check = getattr(model, "supports_length", None)
     if check is None:
-        fixed = not p.model.spec.extrapolates or (p.position and not p.position.spec.extrapolates)
         if not fixed:
-            return list(task.eval_lengths), []
+            return list(lengths), []
         trained = task.train_length if task.streams else \
-            max(p.fmt.input_length(e, task.task_kind) for e in task.examples("train", task.train_length))
+            max(fmt.input_length(e, task.task_kind) for e in task.examples("train", task.train_length))
         check = trained.__ge__  # runs an input of n positions iff n <= trained
-    for length in task.eval_lengths:
+    for length in lengths:
         if length == task.train_length:
             ok.append(length)
             continue
-        need = max(p.fmt.input_length(e, task.task_kind) for e in task.examples("val", length))
+        need = max(fmt.input_length(e, task.task_kind) for e in task.examples("val", length))
         (ok if check(need) else na).append(length)
     return ok, na
 

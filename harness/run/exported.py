@@ -65,6 +65,13 @@ def read_meta(folder: Path, name: str) -> dict[str, Any]:
         problems.append("'info' sizes that are not positive integers")
     elif not (info.get("num_classes") is None or (isinstance(info["num_classes"], int) and 0 < info["num_classes"] < 2**31)):
         problems.append("an 'info.num_classes' that is not a positive integer")
+    elif not isinstance(info.get("extra", {}), dict) or not _id_or_none(info.get("document_token")) \
+            or not _id_or_none(info.get("pad_id", 0)):
+        problems.append("an 'info.extra' that is not an object, or an 'info.document_token' or "
+                        "'info.pad_id' that is not a token id")
+    data = meta.get("data", {})
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        problems.append("a 'data' that is not an object of strings")
     if not isinstance(meta.get("symbols"), list) or not all(isinstance(s, str) for s in meta["symbols"]):
         problems.append("no 'symbols' list of strings")
     if not isinstance(meta.get("task_kind"), str):
@@ -72,6 +79,10 @@ def read_meta(folder: Path, name: str) -> dict[str, Any]:
     if problems:
         raise _damaged(folder, name, "; ".join(problems))
     return meta
+
+
+def _id_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31)
 
 
 def check_trusted(meta: dict[str, Any], folder: Path, trust_plugins: bool) -> None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import MLFlowLogger
 
 from harness.keys import Metric
 from harness.nn.checkpointing import checkpoint_blocks
@@ -34,7 +33,7 @@ from harness.run.build import Built
 from harness.run.console import StepBar
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
-from harness.run.resume import Resume, ResumedLogger
+from harness.run.resume import OncePerStep, Resume
 from harness.run.system import HarnessDataModule, HarnessSystem
 from harness.runtime import devices
 from harness.store import tracking
@@ -86,7 +85,7 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
               "run_id": run_id, "log_model": False}
     logger: Any = False  # a rank > 0: rank 0 logs
     if records:
-        logger = ResumedLogger(**kwargs, logged=resume.logged) if resume else MLFlowLogger(**kwargs)
+        logger = OncePerStep(**kwargs, logged=resume.logged if resume else None)
     clip, clippers = distributed.clipping(t.strategy, t.grad_clip)
     trainer = L.Trainer(
         max_steps=t.max_steps,

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from huggingface_hub import PyTorchModelHubMixin
 
+from harness.data.corpus import TOKENIZER_FILE
 from harness.errors import HarnessError, shorten
 
-TOKENIZER_FILE = "tokenizer.json"
 CARD_FILE = "README.md"
 CONFIG_FILE = "config.json"
 #: marks a config.json written by the harness
@@ -109,7 +109,7 @@ class HubModel(torch.nn.Module, PyTorchModelHubMixin,  # type: ignore[misc]
             model, _ = _build({**harness, "config": built})
         self.model = model
         self.harness_meta = harness
-        self.info = TaskInfo(**harness["info"])
+        self.info = TaskInfo.from_record(harness["info"])
         self.codec_json: str | None = None
         self.card: str = ""
 
@@ -170,12 +170,15 @@ def model_card(meta: dict[str, Any], metrics: dict[str, float]) -> str:
 def to_hub_model(trained: Any, run_id: str = "", tracking_uri: str | None = None) -> HubModel:
     """A :class:`HubModel` of a loaded run, with its tokenizer and model card."""
     from harness.evaluation.text import codec_of
+    from harness.run import identity
+    from harness.run.saved import meta_of, tokenizer_of
 
-    meta = {"format": FORMAT, "config": trained.config, "task_kind": trained.task_kind,
-            "info": {"format": trained.info.format, "vocab_size": trained.info.vocab_size,
-                     "max_length": trained.info.max_length, "num_classes": trained.info.num_classes},
-            "symbols": list(trained.vocab.symbols), "run_id": run_id,
-            "components": components(trained.config), "harness_version": harness_version()}
+    tokenizer = tokenizer_of(trained)
+    data = {**trained.identity, **({"tokenizer_sha256": identity.digest(tokenizer.to_json()),
+                                    "tokenizer": str(tokenizer.name)} if tokenizer is not None else {})}
+    meta = {"format": FORMAT, **meta_of(trained.config, trained.task_kind, trained.info, trained.vocab.symbols,
+                                        data, run_id=run_id, components=components(trained.config),
+                                        harness_version=harness_version())}
     codec = codec_of(trained)
     meta["tokenizer"] = codec.name
     hub = HubModel(meta, model=trained.model)
@@ -252,5 +255,10 @@ def load_hf(ref: str | Path) -> Any:
     with contextlib.redirect_stdout(io.StringIO()):  # the mixin prints "Loading weights from ..."
         hub = HubModel.from_pretrained(str(ref), strict=True)
     meta = hub.harness_meta
-    return Trained(hub.model.eval(), meta["config"], TaskInfo(**meta["info"]),
-                   Vocab(tuple(meta["symbols"])), meta["task_kind"], str(ref))
+    from harness.run.saved import recorded, saved_tokenizer
+
+    tokenizer_json = saved_tokenizer(path, meta) if path.is_dir() else None
+    if tokenizer_json is not None and "harness_symbols" in tokenizer_json[:40]:
+        tokenizer_json = None  # a symbol task's vocabulary, which model.json holds too
+    return Trained(hub.model.eval(), meta["config"], TaskInfo.from_record(meta["info"]),
+                   Vocab(tuple(meta["symbols"])), meta["task_kind"], str(ref), recorded(meta), tokenizer_json)

@@ -126,12 +126,21 @@ def train(
             if not rank:  # one resume of a run at a time; ranks > 0 follow rank 0's
                 held.enter_context(resume_lock(run.info.run_id))
             resumed = prepare(run, tracker, masked(p.resolved_config()), provenance_tags(p),
-                              allow_failed=allow_failed, writes=not rank)
+                              allow_failed=allow_failed, writes=not rank, data_now=lambda: task_identity(p))
         device = run_device(cfg.train.accelerator)
         if rank:
             return _follow(p, _build(p, device), callbacks or [], resumed, rank)
         return _run(p, _build(p, device), device, parent_run_id, callbacks or [], extra_tags or {},
                     started, resumed)
+
+
+def task_identity(p: Plan) -> dict[str, str]:
+    """What the plan's task reads now (:func:`harness.run.identity.of_task`), its task built
+    for it alone (a resumed or re-run run compares it with its record before anything else)."""
+    from harness.run import identity
+    from harness.run.build import build_task
+
+    return identity.of_task(build_task(p, seed=p.config.train.data_seed))
 
 
 def with_budget_steps(p: Plan) -> Plan:
@@ -202,12 +211,14 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
          extra_tags: dict[str, str], started: float, resume: Any = None) -> RunResult:
     """Fit, evaluate and record one built run in its own MLflow run (``resume``: in the run
     it continues), which always ends FINISHED, FAILED or KILLED."""
+    from harness.run import identity
     from harness.run.evaluate import evaluate
     from harness.run.fit import fit
     from harness.run.trained import save_final
 
     cfg = p.config
     resolved = p.resolved_config()
+    data = identity.of_task(built.task)  # what the run's results may be computed with
     tracker = tracking.Tracker(cfg.tracking.uri)
     if built.kernel_warning:  # the kernel gate fell back to the reference
         print(f"warning: {built.kernel_warning}", file=sys.stderr, flush=True)
@@ -228,7 +239,7 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
             cfg.tracking.experiment, run_name=run_name,
             parent_run_id=parent_run_id,
             tags={**provenance_tags(p), **device_tags(device), **built.kernel_tags, **cfg.tracking.tags,
-                  **extra_tags},
+                  **extra_tags, Tag.DATA_IDENTITY: json.dumps(data)},
         )
     status = "FAILED"
     metrics: dict[str, float] = {}
@@ -244,7 +255,7 @@ def _run(p: Plan, built: Any, device: Any, parent_run_id: str | None, callbacks:
         with PeakMemory(device) as peak:
             stage = "training"
             fitted = fit(p, built, run_id, tracker.uri, callbacks, resume,
-                         meta={"run_id": run_id, "config": json.dumps(logged)})
+                         meta={"run_id": run_id, "config": json.dumps(logged), "data": data})
             tracker.set_tags(run_id, distributed.run_tags(fitted.trainer))
             stage = "evaluating"
             evaluated = time.perf_counter()

@@ -162,7 +162,9 @@ def record(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, fitted
     # value at step 0 as a bar per run, not as a lone point on a 399-400.5 axis
     last = {k: v for k, v in metrics.items() if k.startswith("val/") and split_val_key(k) is None}
     tracker.log_metrics(run_id, last, step=fitted.steps)
-    tracker.log_metrics(run_id, {k: v for k, v in metrics.items() if k not in last}, step=0)
+    # cost/params was logged when the run started (a resumed run: when it first started)
+    tracker.log_metrics(run_id, {k: v for k, v in metrics.items() if k not in last and k != Metric.PARAMS},
+                        step=0)
     tracker.log_series(run_id, length_curves(evaluation.metrics))  # the UI charts the curve
     if evaluation.not_applicable:
         tracker.set_tags(run_id, {Tag.NOT_APPLICABLE: ",".join(map(str, evaluation.not_applicable))})

@@ -7,7 +7,7 @@ again, the newest checkpoint that passes its checksum is found
 ``harness.interrupted`` / ``harness.preempted`` tags removed; ``harness.resumed_from_step``
 set). Training continues from the checkpoint's step; metric points the run already holds
 (logged after the checkpoint, before it stopped) are not logged twice
-(:class:`ResumedLogger`), so each curve has one point per step.
+(:class:`OncePerStep`), so each curve has one point per step.
 
 Refused, each with one paragraph and nothing changed: a run that is not in the store, that
 FINISHED, that FAILED (its last checkpoint may hold the state that failed: a diverged loss, a
@@ -20,9 +20,10 @@ line each, a newest checkpoint that is damaged or foreign (a pickle ``weights_on
 another program's file, a folder, a link to a device) and uses the newest valid one; when none
 is valid the resume is refused before the run is touched, so it stays KILLED and resumable.
 
-**One resume at a time** (:func:`resume_lock`): a lock file in the run's checkpoint folder,
-held while the resumed run trains; a second ``--resume`` of the same run is refused (exit 2)
-instead of training it twice and logging every point twice.
+**One resume at a time** (:func:`resume_lock`): a lock on the run's checkpoint folder, held
+while the resumed run trains; a second ``--resume`` of the same run is refused (exit 2)
+instead of training it twice and logging every point twice. A refused resume changes
+nothing on disk: no lock file is left behind, no folder created.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,10 +143,12 @@ def last_steps(tracker: tracking.Tracker, run: Any) -> dict[str, int]:
 
 
 def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], plan_tags: dict[str, str],
-            *, allow_failed: bool = False, writes: bool = True) -> Resume:
-    """Check that ``run`` can resume with the config planned now; find its checkpoint.
-    ``writes``: set unusable newer checkpoint files aside (rank 0 of a distributed run only;
-    the other ranks read what it chose)."""
+            *, allow_failed: bool = False, writes: bool = True,
+            data_now: Callable[[], dict[str, str]] | None = None) -> Resume:
+    """Check that ``run`` can resume with the config planned now and, with ``data_now``, the
+    data its task reads now (:mod:`harness.run.identity`); find its checkpoint. ``writes``: set
+    unusable newer checkpoint files aside (rank 0 of a distributed run only; the other ranks
+    read what it chose)."""
     run_id = run.info.run_id
     run = tracker.client.get_run(run_id)  # as it is now, under the resume lock
     check_resumable(run, allow_failed=allow_failed)
@@ -157,6 +160,11 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
             f"recorded ({'; '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}). A resumed "
             f"run must continue exactly what it started; restore them, or start a new run."
         )
+    if data_now is not None:
+        from harness.run import identity
+
+        identity.check(identity.from_tags(run.data.tags), data_now(), what=f"run {run_id} cannot resume",
+                       fix=identity.FIX_DATA)
     root = checkpoint.folder(run_id)
     path = checkpoint.latest(root)
     if path is None:
@@ -173,36 +181,50 @@ def prepare(run: Any, tracker: tracking.Tracker, resolved_now: dict[str, Any], p
     return Resume(run_id, path, step, last_steps(tracker, run))
 
 
-#: The lock file in a run's checkpoint folder that one resuming process holds.
+#: The file naming the process that holds a run's resume lock, there only while it is held.
 LOCK_FILE = ".resume.lock"
 
 
 @contextlib.contextmanager
 def resume_lock(run_id: str) -> Iterator[None]:
     """Hold the run's resume lock while the block runs; a HarnessError (exit 2) when another
-    process holds it (see the module). The kernel releases it if the process dies."""
+    process holds it (see the module). The lock is the checkpoint folder itself (``flock`` on
+    the folder: the kernel releases it if the process dies); :data:`LOCK_FILE` names the
+    holder while it is held and is removed with it, so a refused resume leaves the folder as
+    it found it. A run without a checkpoint folder has nothing to resume: nothing is created
+    (the resume is refused later for want of a checkpoint)."""
     import fcntl
 
     root = checkpoint.folder(run_id)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        yield
+        return
     except OSError as exc:
-        raise HarnessError(f"run {run_id}: its resume lock {root / LOCK_FILE} cannot be made "
+        raise HarnessError(f"run {run_id}: its checkpoint folder {root} cannot be opened to lock it "
                            f"({exc.strerror or exc}).") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
+        try:
+            holder = (root / LOCK_FILE).read_text(errors="replace").strip()[:32]
+        except OSError:
+            holder = ""
         raise HarnessError(
-            f"run {run_id} is being resumed already (by process {holder}); two resumes of one run "
-            f"would train it twice. Wait for that one to end, or stop it first.") from None
+            f"run {run_id} is being resumed already (by process {holder or 'another process'}); two "
+            f"resumes of one run would train it twice. Wait for that one to end, or stop it first.") from None
+    named = False
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        with contextlib.suppress(OSError):
+            (root / LOCK_FILE).write_text(str(os.getpid()))
+            named = True
         yield
     finally:
+        if named:
+            with contextlib.suppress(OSError):
+                (root / LOCK_FILE).unlink()
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -219,15 +241,20 @@ def reopen(tracker: tracking.Tracker, resume: Resume) -> None:
     tracker.set_tags(resume.run_id, {Tag.RESUMED: str(resume.step)})
 
 
-class ResumedLogger(MLFlowLogger):
-    """An MLflow logger that skips each metric point at or before the step that metric was
-    last logged at before the run resumed (those points are already in the run)."""
+class OncePerStep(MLFlowLogger):
+    """An MLflow logger that logs each metric at most once per step, never at or before the
+    step it was last logged at: Lightning logs ``epoch`` with every batch of metrics (twice at a
+    validation step), and a resumed run already holds the points logged after its checkpoint
+    (``logged``: each metric's last step in the run before it resumed). Each curve then has
+    one point per step, however the run stopped and resumed."""
 
-    def __init__(self, *args: Any, logged: dict[str, int], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, logged: dict[str, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.logged = logged
+        self.logged = dict(logged or {})
 
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
-        fresh = {k: v for k, v in metrics.items() if (step or 0) > self.logged.get(k, -1)}
+        at = step or 0
+        fresh = {k: v for k, v in metrics.items() if at > self.logged.get(k, -1)}
         if fresh:
             super().log_metrics(fresh, step)
+            self.logged.update(dict.fromkeys(fresh, at))

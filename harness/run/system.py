@@ -175,6 +175,9 @@ class HarnessSystem(L.LightningModule):
         #: CHECK_EVERY); the first non-finite step and loss, on the device (-1: none yet)
         self.check_every: int | None = None
         self._diverged: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: the optimizer step's summed loss, correct predictions and scored tokens so far
+        self._step_sums: torch.Tensor | None = None
+        self._micro = 0  # micro-batches of the current optimizer step seen, modulo accumulate
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -198,16 +201,34 @@ class HarnessSystem(L.LightningModule):
         stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
         loss = stats["loss"]
         self._watch(loss)
-        bs = batch["targets"].shape[0]
-        self.log(Metric.TRAIN_LOSS, loss, on_step=True, prog_bar=True, batch_size=bs)
-        acc = stats["correct"].float() / stats["tokens"].clamp(min=1)
-        self.log(Metric.TRAIN_ACC, acc, on_step=True, batch_size=bs)
+        self._log_training(stats, batch["targets"].shape[0])
         total = batch.get(BATCH_TOKENS)
         if total is None:
             return loss
         # a micro-batch: its share of the whole batch's token mean; Lightning divides what
         # training_step returns by the micro-batches per step, which this undoes
         return stats["loss_sum"] / total.clamp(min=1) * self.accumulate
+
+    def _log_training(self, stats: dict[str, torch.Tensor], rows: int) -> None:
+        """``train/loss`` and ``train/acc`` of the optimizer step: the scored tokens' summed loss
+        and correct predictions over every micro-batch of the step and every process, over
+        their count, so that a logged training metric means the same at any world size and
+        micro-batch size (one reduction of three numbers per step, on the device)."""
+        part = torch.stack([stats["loss_sum"].detach(), stats["correct"], stats["tokens"]]).to(torch.float64)
+        self._step_sums = part if self._step_sums is None else self._step_sums + part
+        self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
+        if self._micro:
+            return  # not the step's last micro-batch
+        sums, self._step_sums = self._step_sums, None
+        trainer = self._trainer  # None: a step run by hand (tests)
+        world = trainer.world_size if trainer is not None else 1
+        if trainer is not None and world > 1:
+            sums = trainer.strategy.reduce(sums, reduce_op="sum")
+        tokens = sums[2].clamp(min=1)
+        # the batch size Lightning averages epoch-level values with; every value is logged per step
+        rows *= self.accumulate * world
+        self.log(Metric.TRAIN_LOSS, sums[0] / tokens, on_step=True, prog_bar=True, batch_size=rows)
+        self.log(Metric.TRAIN_ACC, sums[1] / tokens, on_step=True, batch_size=rows)
 
     def _watch(self, loss: torch.Tensor) -> None:
         """Note the first non-finite loss on the device; read the note when due (see module)."""

@@ -6,7 +6,13 @@ finishes, next to its checkpoints: ``<store>/checkpoints/<run_id>/model.safetens
 vocabulary size, longest input, classes; and the vocabulary's symbols). An exported folder
 (``harness export RUN_ID --out DIR``) holds the same two files, so ``harness.load_model(DIR)``
 works without the store. A run without final weights (stopped before its end) loads from
-its newest checkpoint instead.
+its newest checkpoint instead. A run that reads text through a tokenizer (a corpus run) also
+keeps it there as ``tokenizer.json``, and so does its exported folder: text is read with the
+tokenizer the run trained with, never with whatever its corpus folder holds later
+(:mod:`harness.run.identity`). ``model.json`` keeps every field of the task's info
+(:meth:`~harness.data.tasks.TaskInfo.record`: the document token of ``documents: separate``,
+a task's hints such as ``two_tower``): whatever changes what the model computes is saved
+with it and built again from it.
 
 **Loaded.** :func:`load` plans the recorded config against the installed plugins, builds
 the model and loads the weights (safetensors: no pickle; a checkpoint: ``torch.load(...,
@@ -28,14 +34,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.data.corpus import TOKENIZER_FILE
 from harness.data.tasks import TaskInfo
 from harness.data.vocab import BOS, EOS, SEP, Vocab
 from harness.errors import ConfigError, HarnessError, shorten
-from harness.run import checkpoint, exported
+from harness.run import checkpoint, exported, identity
+from harness.run.saved import info_of, meta_of, recorded, saved_tokenizer, tokenizer_of
 from harness.runtime import paths
 
 WEIGHTS = "model.safetensors"
@@ -53,23 +61,22 @@ class Trained:
     vocab: Vocab
     task_kind: str
     source: str  # where the weights came from
+    #: what the run trained on (harness.run.identity): what its data is compared with
+    identity: dict[str, str] = field(default_factory=dict)
+    #: the run's tokenizer as saved beside its weights (JSON), or None: read from its task
+    tokenizer_json: str | None = None
 
 
-def _meta(p: Any, built: Any, logged: dict[str, Any]) -> dict[str, Any]:
-    info = built.info
-    return {"config": logged, "task_kind": built.task.task_kind,
-            "info": {"format": info.format, "vocab_size": info.vocab_size,
-                     "max_length": info.max_length, "num_classes": info.num_classes},
-            "symbols": list(built.task.vocab.symbols)}
-
-
-def write_weights(folder: Path, model: Any, meta: dict[str, Any]) -> None:
-    """``model.safetensors`` (shared tensors stored once) and ``model.json`` in ``folder``."""
+def write_weights(folder: Path, model: Any, meta: dict[str, Any], tokenizer_json: str | None = None) -> None:
+    """``model.safetensors`` (shared tensors stored once), ``model.json`` and, for a run that
+    reads text, ``tokenizer.json`` in ``folder``."""
     from safetensors.torch import save_model
 
     folder.mkdir(parents=True, exist_ok=True)
     with paths.atomic_target(folder / WEIGHTS) as tmp:  # the mode model.json gets, not 0600
         save_model(_plain(model), str(tmp))
+    if tokenizer_json is not None:
+        paths.write_atomic(folder / TOKENIZER_FILE, tokenizer_json.encode("utf-8"), fsync=False)
     paths.write_atomic(folder / META, json.dumps(meta, indent=1, default=str).encode(), fsync=False)
 
 
@@ -79,7 +86,11 @@ def _plain(model: Any) -> Any:
 
 
 def save_final(run_id: str, built: Any, p: Any, logged: dict[str, Any]) -> None:
-    write_weights(checkpoint.folder(run_id), built.model, _meta(p, built, logged))
+    task = built.task
+    tokenizer = getattr(task, "tokenizer", None)
+    meta = meta_of(logged, task.task_kind, built.info, task.vocab.symbols, identity.of_task(task))
+    write_weights(checkpoint.folder(run_id), built.model, meta,
+                  None if tokenizer is None else str(tokenizer.to_json()))
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -94,7 +105,7 @@ def _build(meta: dict[str, Any], *, check: Any = None) -> tuple[Any, TaskInfo]:
     data["tracking"] = {k: v for k, v in (data.get("tracking") or {}).items() if k != "uri"}
     cfg = parse_run_config(data, "the trained model's config")
     p = plan(cfg, load_registry(cfg, None))
-    info = TaskInfo(**{k: meta["info"].get(k) for k in ("format", "vocab_size", "max_length", "num_classes")})
+    info = info_of(meta["info"], p)
     if check is not None:
         check(lambda: build_model_from(p.parts, info))
     return build_model_from(p.parts, info), info
@@ -108,6 +119,7 @@ def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Train
     meta = exported.read_meta(folder, META)
     exported.check_trusted(meta, folder, trust_plugins)
     header = exported.weights_header(folder, WEIGHTS)
+    tokenizer_json = saved_tokenizer(folder, meta)
     model, info = _build(meta, check=lambda build: exported.check_fits(folder, WEIGHTS, header, build))
     try:
         load_model(model, str(folder / WEIGHTS))
@@ -116,7 +128,8 @@ def _from_folder(folder: Path, source: str, trust_plugins: bool = True) -> Train
         raise exported.DamagedExport(f"{folder / WEIGHTS}: the weights do not load into the model "
                                      f"model.json describes ({first[:300]}). Export the run again.") from None
     model.eval()
-    return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source)
+    return Trained(model, meta["config"], info, Vocab(tuple(meta["symbols"])), meta["task_kind"], source,
+                   recorded(meta), tokenizer_json)
 
 
 def _from_checkpoint(path: Path, run_id: str) -> Trained:
@@ -133,15 +146,19 @@ def _from_checkpoint(path: Path, run_id: str) -> Trained:
     cfg = parse_run_config(data, f"the config in checkpoint {path}")
     p = plan(cfg, load_registry(cfg, None))
     task = build_task(p, seed=cfg.train.data_seed)
+    before = state["harness"].get("data") or identity.recorded_by_run(run_id)
+    now = identity.of_task(task)
+    identity.check(before, now, what=f"run {run_id} (no final weights: its checkpoint {path.name}, "
+                   f"with its task built again)", fix=identity.FIX_DATA, data=False)
     info = task_info(p, task)
-    meta = {"config": config, "task_kind": task.task_kind, "symbols": list(task.vocab.symbols),
-            "info": {"format": info.format, "vocab_size": info.vocab_size,
-                     "max_length": info.max_length, "num_classes": info.num_classes}}
+    meta = meta_of(config, task.task_kind, info, task.vocab.symbols, now)
     model, info = _build(meta)
     weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(weights)
     model.eval()
-    return Trained(model, config, info, task.vocab, task.task_kind, str(path))
+    tokenizer = getattr(task, "tokenizer", None)
+    return Trained(model, config, info, task.vocab, task.task_kind, str(path), now,
+                   None if tokenizer is None else str(tokenizer.to_json()))
 
 
 def load(ref: str | Path, *, trust_plugins: bool = False) -> Trained:
@@ -189,13 +206,14 @@ def export(run_id: str, out: str | Path) -> Path:
     """Copy a run's weights and config into a new folder ``out`` (refused if it exists)."""
     target = paths.new_folder(out, "--out")
     trained = load(run_id)
-    meta = {"config": trained.config, "task_kind": trained.task_kind,
-            "info": {"format": trained.info.format, "vocab_size": trained.info.vocab_size,
-                     "max_length": trained.info.max_length, "num_classes": trained.info.num_classes},
-            "symbols": list(trained.vocab.symbols), "run_id": run_id}
+    tokenizer = tokenizer_of(trained)  # a run recorded before it kept one: its task's, checked
+    meta = meta_of(trained.config, trained.task_kind, trained.info, trained.vocab.symbols,
+                   {**trained.identity, **({"tokenizer_sha256": identity.digest(tokenizer.to_json()),
+                                            "tokenizer": str(tokenizer.name)} if tokenizer else {})},
+                   run_id=run_id)
     try:
         with paths.temp_folder(target, "export") as tmp:
-            write_weights(tmp, trained.model, meta)
+            write_weights(tmp, trained.model, meta, None if tokenizer is None else str(tokenizer.to_json()))
             (tmp / paths.MARK).unlink()
             os.rename(tmp, target)
     except OSError as exc:

@@ -424,13 +424,12 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         space.notes.append(
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
         )
-    elif config.pruner.name != "none" and space.objective_length != space.train_length:
+    elif config.pruner.name != "none" and space.objective_length != space.train_length \
+            and not config.objective.downstream:
         space.notes.append(
-            f"pruner '{config.pruner.name}' compares tuning trials by val/"
-            f"{config.objective.metric} at the training length {space.train_length} (the only "
-            f"length validated while training), not at the objective's length "
-            f"{space.objective_length}: a trial that extrapolates well may be stopped early. "
-            f"pruner: {{name: none}} tunes on the objective alone")
+            f"pruner '{config.pruner.name}' compares tuning trials by val/{config.objective.metric} "
+            f"at the objective's length {space.objective_length}: each tuning run validates there "
+            f"too while it trains (besides its training length {space.train_length})")
     if config.confirm.vary_data and _same_data(space):
         space.notes.append(f"confirm.vary_data has no effect: the data of task "
                            f"'{config.task.name}' does not depend on its seed")

@@ -105,11 +105,32 @@ def claim_next(handle: StudyHandle, space: StudySpace, prog: StudyProgress) -> J
 
 
 # -- running one job -----------------------------------------------------------------------------
-def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_steps: int) -> Any:
+def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_steps: int,
+                   length: int | None = None, fixed: bool = False) -> Any:
     """The Lightning callback that reports a trial to Optuna (:mod:`harness.study.pruning`)."""
     from harness.study.pruning import OptunaTrialCallback
 
-    return OptunaTrialCallback(trial, monitor, report=report, prune=prune, max_steps=max_steps)
+    return OptunaTrialCallback(trial, monitor, report=report, prune=prune, max_steps=max_steps,
+                               length=length, fixed=fixed)
+
+
+def pruning_metric(config: StudyConfig, space: StudySpace) -> str:
+    """What the pruner compares trials by: the objective's metric at the objective's length."""
+    length = space.objective_length
+    return val_key(config.objective.metric) if length == space.train_length else \
+        val_key(config.objective.metric, length)
+
+
+def run_cannot_extrapolate(run: dict[str, Any], space: StudySpace) -> bool:
+    """Whether a trial's model declares it cannot run past its training inputs (only asked when
+    the objective is at another length: the pruner then validates there too)."""
+    if space.objective_length == space.train_length:
+        return False
+    from harness.config import parse_run_config
+    from harness.run.evaluate import fixed_length
+    from harness.run.plan import plan
+
+    return fixed_length(plan(parse_run_config(run), space.registry))
 
 
 def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
@@ -207,9 +228,10 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                                "run_name": run_name(tags)}
             trial.set_user_attr(Attr.CONFIG, run)
             callback = trial_callback(
-                trial, val_key(cfg.objective.metric), report=not cfg.multi_objective,
+                trial, pruning_metric(cfg, space), report=not cfg.multi_objective,
                 prune=job.phase == Phase.TUNE and not cfg.multi_objective,
-                max_steps=int(run["train"].get("max_steps") or 10**9))
+                max_steps=int(run["train"].get("max_steps") or 10**9), length=space.objective_length,
+                fixed=run_cannot_extrapolate(run, space))
             resume = resumable_run(handle, job.trial)
             if resume is not None:
                 log(f"{label} resuming run {resume} from its last checkpoint")

@@ -138,6 +138,15 @@ def scored_tokens(eval_tokens: int, split_tokens: int, context: int) -> int:
     return max(0, min(eval_tokens, split_tokens - 1 - context))
 
 
+def _tokenizer_words(tok: dict[str, Any]) -> str:
+    """The tokenizer a manifest names: its spec, and the vocabulary it learned when that is
+    smaller than the spec asked (``bpe:373, asked for bpe:70000``)."""
+    spec, name = str(tok.get("spec", "?")), str(tok.get("name", ""))
+    if spec.startswith("bpe:") and name.startswith("bpe:") and name != spec:
+        return f"{name}, asked for {spec}"
+    return spec
+
+
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "corpus"
 
@@ -221,12 +230,20 @@ class CorpusLMTask(Task):
         rng = random.Random(self.split_seed(split, 0))
         return rng.randrange(self.context, tokens - self.scored[split])
 
+    def manifest_sha256(self) -> str:
+        """The SHA-256 of the prepared folder's manifest (it changes whenever the folder is
+        prepared again: new sources, options or tokenizer)."""
+        return hashlib.sha256((self.corpus.root / "manifest.json").read_bytes()).hexdigest()
+
+    def data_identity(self) -> dict[str, str]:
+        return {"data_sha256": self.manifest_sha256(), "data": f"prepared corpus {self.corpus.root.resolve()}"}
+
     def data_summary(self) -> str:
         """The prepared folder's manifest in one line: folder, sources, tokenizer, tokens per
         split and the manifest's SHA-256 (which changes whenever the folder is prepared
         again)."""
         m = self.corpus.manifest
-        digest = hashlib.sha256((self.corpus.root / "manifest.json").read_bytes()).hexdigest()[:12]
+        digest = self.manifest_sha256()[:12]
         sources = m.get("sources") or []
         names = [Path(str(s.get("path", "?"))).name for s in sources[:3]]
         if len(sources) > 3:
@@ -237,7 +254,7 @@ class CorpusLMTask(Task):
         counts = "/".join(f"{int((splits.get(s) or {}).get('tokens', 0)):,}" for s in ("train", "val", "test"))
         return (f"prepared corpus {self.corpus.root.resolve()} (manifest sha256 {digest}): "
                 f"{len(sources)} source file(s), {size:,} bytes ({', '.join(names)}); tokenizer "
-                f"{tok.get('spec', '?')} ({tok.get('vocab_size', '?')} tokens); train/val/test "
+                f"{_tokenizer_words(tok)} ({tok.get('vocab_size', '?')} tokens); train/val/test "
                 f"{counts} tokens")
 
     def generate(self, split: str, length: int) -> list[Example]:

@@ -48,8 +48,8 @@ class LraImageTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(tuple(f"g{i}" for i in range(256))), num_classes=10)
         self.root = readers.folder(config.data_dir, "image")
         for name in (*readers.CIFAR_TRAIN_FILES, readers.CIFAR_TEST_FILE):
-            if not (self.root / name).is_file():
-                raise readers.missing("lra_image", "image", self.root / name, "CIFAR-10 (binary version)")
+            readers.require_file("lra_image", "image", self.root / name, "CIFAR-10 (binary version)",
+                                 record=readers.CIFAR_RECORD)
 
     def generate(self, split: str, length: int) -> list[Example]:
         if split == "test":

@@ -46,9 +46,7 @@ class LraRetrievalTask(Task):
         super().__init__(config, seed=seed, vocab=Vocab(readers.byte_symbols()), num_classes=2)
         self.root = readers.folder(config.data_dir, "retrieval")
         for name in readers.AAN_FILES.values():
-            if not (self.root / name).is_file():
-                raise readers.missing("lra_retrieval", "retrieval", self.root / name,
-                                        "LRA's AAN document pairs")
+            readers.require_file("lra_retrieval", "retrieval", self.root / name, "LRA's AAN document pairs")
 
     def generate(self, split: str, length: int) -> list[Example]:
         pairs = readers.read_aan(self.root / readers.AAN_FILES[split])

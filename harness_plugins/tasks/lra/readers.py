@@ -61,6 +61,24 @@ def missing(task: str, dataset: str, where: Path, what: str) -> MissingDataError
     )
 
 
+def require_file(task: str, dataset: str, path: Path, what: str, record: int | None = None) -> None:
+    """``path`` is there and could hold data, checked when the task is built: a missing file is
+    :func:`missing`; an empty one (or, with ``record``, one that is not whole records of that
+    size) a ConfigError, before anything trains, whichever split it holds (a run reads only
+    train and val: a damaged test file would otherwise go unnoticed until someone scores it)."""
+    if not path.is_file():
+        raise missing(task, dataset, path, what)
+    size = path.stat().st_size
+    if not size:
+        raise ConfigError(f"task '{task}' reads {what} from {path}, which is empty (0 bytes). Replace "
+                          f"it with the file from the release ({DEFAULT_FOLDERS[dataset]}).")
+    if record is not None and size % record:
+        raise ConfigError(
+            f"task '{task}' reads {what} from {path}, which has {size:,} bytes, not a multiple of "
+            f"{record:,} (one record): it is truncated or not a file of the release. Replace it with "
+            f"the file from the release ({DEFAULT_FOLDERS[dataset]}).")
+
+
 def byte_symbols() -> tuple[str, ...]:
     """Names of the 256 byte values (printable ASCII as itself)."""
     return tuple(chr(b) if 32 < b < 127 else f"<{b:02x}>" for b in range(256))
