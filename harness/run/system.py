@@ -203,11 +203,22 @@ class HarnessSystem(L.LightningModule):
         self._watch(loss)
         self._log_training(stats, batch["targets"].shape[0])
         total = batch.get(BATCH_TOKENS)
-        if total is None:
+        trainer = self._trainer  # None: a step run by hand (tests)
+        world = trainer.world_size if trainer is not None else 1
+        if total is None and world == 1:
             return loss
+        if total is None:
+            total = stats["tokens"]
+        if world > 1:
+            # the global batch's scored tokens: every process's gradient is its summed loss
+            # over them, times the world size that DDP/FSDP's gradient mean divides by, so the
+            # step follows the token mean of the whole global batch, as one process at the
+            # same global batch does, however the tokens fall between processes (one
+            # reduction of one number per micro-batch, on the device)
+            total = trainer.strategy.reduce(total.detach().to(torch.float64), reduce_op="sum")
         # a micro-batch: its share of the whole batch's token mean; Lightning divides what
         # training_step returns by the micro-batches per step, which this undoes
-        return stats["loss_sum"] / total.clamp(min=1) * self.accumulate
+        return stats["loss_sum"] / total.clamp(min=1).to(stats["loss_sum"].dtype) * self.accumulate * world
 
     def _log_training(self, stats: dict[str, torch.Tensor], rows: int) -> None:
         """``train/loss`` and ``train/acc`` of the optimizer step: the scored tokens' summed loss
