@@ -117,6 +117,9 @@ class Protocol:
     untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
     data: str = ""  # what the runs read, from their manifest (:func:`with_data`); empty: generated
     scaling: bool = False  # a scaling study: its cells differ in size by design
+    #: what the objective summarises (``objective.over``): length, grid or longest
+    over: str = "length"
+    threshold: float | None = None
 
     @property
     def alpha(self) -> float:
@@ -124,6 +127,10 @@ class Protocol:
 
     @property
     def objective(self) -> str:
+        if self.over == "grid":
+            return f"val/{self.metric}, mean over the depth x length grid"
+        if self.over == "longest":
+            return f"the longest length holding val/{self.metric} >= {self.threshold:g}"
         return f"val/{self.metric} @{self.length}"
 
 
@@ -148,7 +155,8 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
-        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None)
+        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None,
+        over=cfg.objective.over, threshold=cfg.objective.threshold)
 
 
 def with_data(proto: Protocol, results: list[CandidateResult], cfg: Any) -> Protocol:

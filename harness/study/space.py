@@ -25,6 +25,7 @@ from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry.specs import Registry
+from harness.study import recall
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
@@ -431,6 +432,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
             f"length validated while training), not at the objective's length "
             f"{space.objective_length}: a trial that extrapolates well may be stopped early. "
             f"pruner: {{name: none}} tunes on the objective alone")
+    space.notes += recall.grid_notes(space)
     if config.confirm.vary_data and _same_data(space):
         space.notes.append(f"confirm.vary_data has no effect: the data of task "
                            f"'{config.task.name}' does not depend on its seed")
