@@ -123,7 +123,8 @@ def heatmap(grid: Mapping[tuple[int, int], float], path: str | Path, *, metric: 
     for i, row in enumerate(data):
         for j, value in enumerate(row):
             text = "n/a" if math.isnan(value) else f"{value:.2f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+            dark = not math.isnan(value) and (value > 0.85 or value < 0.15)  # the map's dark ends
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
     ax.set_xticks(range(len(lengths)), [f"{n}{'*' if n == train_length else ''}" for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths])
     ax.set_xlabel("context length (tokens)" + (" (* trained)" if train_length in lengths else ""))
