@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.keys import depth_metric, val_key
+from harness.keys import Metric, depth_metric, val_key
 from harness.report import stats
 from harness.report.collect import CandidateResult, Protocol
 from harness.report.render import Block, fmt, interval
@@ -67,10 +67,8 @@ def heatmap_blocks(results: Sequence[CandidateResult], proto: Protocol, out_dir:
     for r, cells in shown:
         for d in sorted({d for _, d in cells}):
             rows.append([r.name, f"{d}%"] + [fmt(cells.get((n, d)), 3) for n in lengths])
-        means = [grid.grid_mean(s.metrics, metric) for s in r.seeds]
-        means = [m for m in means if m is not None]
-        held = [grid.longest_held(s.metrics, metric, level, list(proto.lengths)) for s in r.seeds]
-        held = [h for h in held if h is not None]
+        means = [m for s in r.seeds if (m := grid.grid_mean(s.metrics, metric)) is not None]
+        held = [h for s in r.seeds if (h := grid.longest_held(s.metrics, metric, level, list(proto.lengths))) is not None]
         summary_rows.append([r.name, interval(stats.mean(means), stats.mean_interval(means, proto.confidence))
                              if means else "–", ", ".join(f"{h:g}" for h in held) or "–"])
     csv = ["candidate,depth,length,mean,seeds"] + [
@@ -136,8 +134,7 @@ def state_points(results: Sequence[CandidateResult], cfg: Any, proto: Protocol) 
     per_layer = True
     for r in results:
         cell = swept.get(r.name)
-        states = [s.metrics.get("cost/state_bytes") for s in r.seeds]
-        states = [x for x in states if x is not None]
+        states = [float(s.metrics[Metric.STATE_BYTES]) for s in r.seeds if Metric.STATE_BYTES in s.metrics]
         if cell is None or not states or not math.isfinite(r.mean):
             continue
         layers = _int(r.config.get("model.params.layers"))

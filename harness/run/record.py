@@ -212,11 +212,11 @@ def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, 
                              "plots/extrapolation.json")
         for name in grid.metrics_with_cells(evaluation.metrics):  # the needle test's picture
             cells = grid.cells(evaluation.metrics, name)
-            path = grid.heatmap(cells, Path(tmp) / f"heatmap_{name}.png", metric=val_key(name),
-                                title=f"{default_run_name(p)}: {name} by depth and length",
-                                train_length=task.train_length)
-            if path is not None:
-                tracker.log_artifact(run_id, path, "plots")
+            drawn = grid.heatmap(cells, Path(tmp) / f"heatmap_{name}.png", metric=val_key(name),
+                                 title=f"{default_run_name(p)}: {name} by depth and length",
+                                 train_length=task.train_length)
+            if drawn is not None:
+                tracker.log_artifact(run_id, drawn, "plots")
                 tracker.log_dict(run_id, {"metric": name, "train_length": task.train_length, "cells": [
                     {"length": n, "depth": d, "value": v} for (n, d), v in sorted(cells.items())]},
                     f"plots/heatmap_{name}.json")
