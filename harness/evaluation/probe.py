@@ -102,8 +102,11 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     if not NAME.match(label):
         raise ConfigError(f"--name {shorten(label, 40)!r}: letters, digits, '_', '.', '-' only (it names "
                           f"the run's metrics probe/<name>/...).")
+    from harness.evaluation.runner import run_tracker
     from harness.run.hub import load_any
 
+    logging = log and not Path(str(run)).is_dir()
+    tracker = run_tracker(str(run), tracking_uri) if logging else None  # before any work
     trained = load_any(run, trust_plugins=trust_plugins)
     if trained.info.format != "lm":
         raise HarnessError(f"{run} trained a {trained.task_kind} task in the {trained.info.format} format: "
@@ -115,8 +118,8 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     result = ProbeResult(str(run), task, label, "recall", lengths, list(getattr(probe_task, "depths", ())),
                          by_length, int(trained.info.max_length), num,
                          {k: v for k, v in vars(probe_task.config).items() if k not in ("num_train",)})
-    if log and not Path(str(run)).is_dir():
-        record(str(run), result, tracking_uri)
+    if tracker is not None:
+        record(tracker, str(run), result)
         result.logged = True
     return result
 
@@ -258,21 +261,12 @@ def _score(model: Any, task: Any, split: str, length: int, batch_size: int) -> d
     return out
 
 
-def record(run_id: str, result: ProbeResult, tracking_uri: str | None = None) -> None:
+def record(tracker: Any, run_id: str, result: ProbeResult) -> None:
     """The probe's metrics, heatmap and cells on the run's MLflow run."""
     import tempfile
 
     from harness.run import grid
-    from harness.store.masking import mask_url
-    from harness.store.tracking import Tracker
 
-    tracker = Tracker(tracking_uri)
-    try:
-        tracker.client.get_run(run_id)
-    except Exception as exc:  # MlflowException: no such run
-        raise HarnessError(f"there is no run {run_id} in the tracking store {mask_url(tracker.uri)} "
-                           f"({type(exc).__name__}); pass the --tracking-uri it was recorded in, "
-                           f"or --no-log.") from None
     tracker.log_metrics(run_id, result.metrics())
     folder = f"probe/{result.name}"
     tracker.log_dict(run_id, {"task": result.task, "metric": result.metric, "train_length": result.train_length,
