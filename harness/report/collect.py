@@ -116,7 +116,7 @@ class Protocol:
     description: str = ""
     untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
     data: str = ""  # what the runs read, from their manifest (:func:`with_data`); empty: generated
-    scaling: bool = False  # a scaling study: its cells differ in size by design
+    scaling: bool = False  # a scaling or sweep study: its candidates differ in size by design
     #: what the objective summarises (``objective.over``): length, grid or longest
     over: str = "length"
     threshold: float | None = None
@@ -155,7 +155,7 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
-        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None,
+        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None or cfg.sweep is not None,
         over=cfg.objective.over, threshold=cfg.objective.threshold)
 
 

@@ -30,6 +30,8 @@ from harness.run import grid
 
 #: The levels of the metric the "state needed" table reads (metrics bounded by 1: acc, recall).
 LEVELS = (0.5, 0.9)
+#: Metrics that are shares, from 0 to 1.
+BOUNDED = frozenset({"acc", "recall", "exact"})
 
 
 # -- depth x length ----------------------------------------------------------------------------
@@ -261,13 +263,16 @@ def frontier_blocks(results: Sequence[CandidateResult], cfg: Any, proto: Protoco
 
 def _frontier_figure(points: list[Point], proto: Protocol, colors: dict[str, str], unit: str,
                      path: Path) -> Path | None:
+    from harness.report.figures import palette
     from harness.run.plots import MARKERS, pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, base in enumerate(dict.fromkeys(p.base for p in points)):
+    bases = list(dict.fromkeys(p.base for p in points))
+    own = palette(bases)  # one colour per architecture, not per swept width
+    for i, base in enumerate(bases):
         mine = sorted((p for p in points if p.base == base), key=lambda p: p.state)
-        color = colors.get(mine[0].name) or colors.get(base) or f"C{i}"
+        color = colors.get(base) or own[base]
         ax.plot([p.state for p in mine], [p.value for p in mine], "-", color=color, alpha=0.6, label=base)
         for p in mine:
             ax.plot(p.state, p.value, MARKERS[i % len(MARKERS)], color=color,
@@ -277,6 +282,8 @@ def _frontier_figure(points: list[Point], proto: Protocol, colors: dict[str, str
             if p.ci is not None and p.ci.defined:
                 ax.vlines(p.state, p.ci.low, p.ci.high, color=color, alpha=0.5)
             ax.annotate(f"w{p.width}", (p.state, p.value), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if proto.metric in BOUNDED:  # a share: the axis shows its range, an interval past it is cut
+        ax.set_ylim(-0.03, 1.03)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"decoding state (bytes {unit}, at length {proto.train_length})")
     ax.set_ylabel(f"val/{proto.metric}")
