@@ -20,6 +20,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+import harness
 from harness.cli.main import main
 from harness.errors import ConfigError
 from harness.report.collect import CandidateResult, SeedRun
@@ -240,6 +241,9 @@ def test_a_needle_study_ranks_by_the_grid_and_draws_each_candidates_heatmap(tmp_
     assert len(seeds) == 4
     for row in seeds:  # each confirmation seed's value is its run's grid mean
         assert float(row["val/recall, mean over the depth x length grid"]) == pytest.approx(by_run[row["run_id"]], abs=1e-6)
+    frame = harness.study_runs("needle", s["storage"], str(client.tracking_uri))
+    for _, row in frame.iterrows():  # the notebook's objective column is what the study ranked by
+        assert row["objective"] == pytest.approx(row["metrics.val/recall_grid"])
     logged = client.get_run(parent.info.run_id).data.metrics
     assert "full/val/recall_depth50_len48" in logged and "window/val/recall_depth0_len24" in logged
     assert "report/heatmap.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
