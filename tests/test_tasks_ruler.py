@@ -21,9 +21,9 @@ from harness.data.formats import LM
 from harness.errors import ConfigError
 from harness.params import resolve
 from harness.plugin import prepare_corpus
-from harness_plugins.tasks.ruler import words
+from harness_plugins.tasks import ruler_words as words
 from harness_plugins.tasks.ruler.base import unit_recall, units_of
-from harness_plugins.tasks.ruler.words import zipf_counts
+from harness_plugins.tasks.ruler_words import zipf_counts
 
 TEXT = ("It was the best of times, it was the worst of times. The sky was blue and the grass "
         "was green. Here we go; there and back again.\n") * 60

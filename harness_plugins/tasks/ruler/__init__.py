@@ -1,3 +1,3 @@
-"""RULER-style long-context tasks (Hsieh et al. 2024, arXiv:2404.06654): needle in a haystack
-(``needle``), variable tracking (``variable_tracking``), common and frequent words
-(``common_words``, ``frequent_words``). Shared machinery in :mod:`.base`; docs/long_context.md."""
+"""What the RULER-style tasks (Hsieh et al. 2024, arXiv:2404.06654) share: :mod:`.base`. The
+tasks themselves are plugins one file each: ``needle``, ``variable_tracking``, and
+``ruler_words`` (``common_words``, ``frequent_words``); docs/long_context.md."""

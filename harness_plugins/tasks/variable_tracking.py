@@ -15,7 +15,7 @@ variables are assigned the value 12345? Answer:" and the names separated by comm
 
 **Depth** (``depths``, percent): the asked chain's first assignment sits at the example's
 depth, its later ones at depths drawn uniformly between it and the question (so the whole
-chain lies past the depth); the other chains anywhere. See :mod:`.base` for the rest.
+chain lies past the depth); the other chains anywhere. See :mod:`.ruler.base` for the rest.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 from harness.plugin import Example, Ge, TaskSpec, hookimpl
 
-from .base import DEFAULT_DEPTHS, RulerConfig, RulerTask, Tail, check_depths, units_of
+from .ruler.base import DEFAULT_DEPTHS, RulerConfig, RulerTask, Tail, check_depths, units_of
 
 MARKERS = ("=", "?", ":", ",")
 

@@ -26,7 +26,7 @@ asks them in one sentence; an answer in a fixed order is what a teacher-forced s
 
 **Depth** (``depths``, percent): the first needle of the first queried key sits at the
 example's depth; every other needle (its other values, distractors, other queried keys) at
-a depth drawn uniformly. See :mod:`.base` for lengths, haystacks and the score.
+a depth drawn uniformly. See :mod:`.ruler.base` for lengths, haystacks and the score.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Annotated, Any
 
 from harness.plugin import Example, Ge, TaskSpec, hookimpl
 
-from .base import DEFAULT_DEPTHS, RulerConfig, RulerTask, Tail, check_depths, units_of
+from .ruler.base import DEFAULT_DEPTHS, RulerConfig, RulerTask, Tail, check_depths, units_of
 
 MARKERS = ("is", "?", "=", ",")
 

@@ -15,7 +15,7 @@ counts strictly decreasing is refused.
 **Symbols** (no ``path``): the words are ``w0 w1 ...`` (``words`` of them; the noise word is
 ``...``), the question ``? :`` and the answer the words separated by ``,``. **Text**
 (``path``): made-up words written through the corpus's tokenizer, RULER's questions; a text
-example holds at most ``length`` inputs (whole words only). See :mod:`.base` for the score.
+example holds at most ``length`` inputs (whole words only). See :mod:`.ruler.base` for the score.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 from harness.plugin import Example, Ge, Gt, Le, TaskSpec, hookimpl
 
-from .base import RulerConfig, RulerTask, Tail, units_of
+from .ruler.base import RulerConfig, RulerTask, Tail, units_of
 
 MARKERS = ("...", "?", ":", ",")
 
