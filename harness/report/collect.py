@@ -18,7 +18,7 @@ from harness.keys import Attr, Phase, Tag
 from harness.report import stats
 from harness.study.progress import best_trial, phase_progress
 from harness.study.rungs import rungs_in_words
-from harness.study.schema import COSTS
+from harness.study.schema import COSTS, grid_words
 from harness.study.storage import StudyHandle
 
 
@@ -127,10 +127,8 @@ class Protocol:
 
     @property
     def objective(self) -> str:
-        if self.over == "grid":
-            return f"val/{self.metric}, mean over the depth x length grid"
-        if self.over == "longest":
-            return f"the longest length holding val/{self.metric} >= {self.threshold:g}"
+        if self.over != "length":
+            return grid_words(self.metric, self.over, self.threshold)
         return f"val/{self.metric} @{self.length}"
 
 

@@ -148,10 +148,8 @@ class Objective(Strict):
     @property
     def words(self) -> str:
         """The objective in words (reports, descriptions)."""
-        if self.over == "grid":
-            return f"val/{self.metric}, mean over the depth x length grid"
-        if self.over == "longest":
-            return f"the longest evaluation length holding val/{self.metric} >= {self.threshold:g}"
+        if self.over != "length":
+            return grid_words(self.metric, self.over, self.threshold)
         return f"val/{self.metric}" + (f" at length {self.length}" if self.length else "")
 
     @property
@@ -193,6 +191,13 @@ class Objective(Strict):
                 raise ValueError(f"over: longest counts lengths held at or above threshold; "
                                  f"'{self.metric}' is minimised (rank by recall or acc)")
         return self
+
+
+def grid_words(metric: str, over: str, threshold: float | None) -> str:
+    """An objective summarised over the evaluation grid, in words."""
+    if over == "grid":
+        return f"val/{metric}, mean over the depth x length grid"
+    return f"the longest evaluation length holding val/{metric} >= {threshold:g}"
 
 
 CostName = Literal["tokens_per_s", "peak_memory", "params", "state_size"]
