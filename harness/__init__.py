@@ -10,6 +10,7 @@ only when a function needs them)::
                                  vocab_size=32, max_length=128, d_model=64)
     task = harness.create_task("copy", length=16)
     harness.prepare_corpus(["texts/"], "corpora/mine", tokenizer="bpe:8192")  # your corpus
+    grid = harness.probe(run_id, "needle", lengths=[256, 512])  # a long-context probe
     result = harness.train("run.yaml")      # or a dict / harness.config.RunConfig
     runs = harness.study_runs("quickstart")        # pandas DataFrame, one row per run
     summary = harness.study_summary("quickstart")  # the report's numbers
@@ -158,6 +159,21 @@ def study_summary(study: str, storage: str | None = None, tracking_uri: str | No
         return _summary(study, storage, tracking_uri)
 
 
+def probe(run: str | os.PathLike[str], task: str = "needle", *, lengths: Any, verbose: bool | None = None,
+          **options: Any) -> Any:
+    """``harness probe`` from Python: score a trained language-model run zero-shot on a
+    long-context task over a grid of context lengths and needle depths, through its own
+    vocabulary, and log each cell to the run: ``probe(run_id, "needle", lengths=[256, 512],
+    depths=[0, 50, 100])``. A length the model cannot read whole is refused (a
+    :class:`~harness.errors.ConfigError`), never cut. Options and the result:
+    :func:`harness.evaluation.probe.probe` (docs/long_context.md)."""
+    from harness.evaluation.probe import probe as _probe
+    from harness.runtime.noise import quieted
+
+    with quieted(verbose):
+        return _probe(os.fspath(run) if isinstance(run, os.PathLike) else run, task, lengths=lengths, **options)
+
+
 def prepare_corpus(sources: Any, out: Any, **options: Any) -> Any:
     """``harness data prepare`` from Python: ``prepare_corpus(["texts/"], "corpora/mine",
     tokenizer="bpe:8192")``; options and the result: :func:`harness.data.prepare.prepare`."""
@@ -178,6 +194,7 @@ __all__ = [
     "load_model",
     "load_plugins",
     "prepare_corpus",
+    "probe",
     "study_runs",
     "study_summary",
     "train",

@@ -102,6 +102,7 @@ class Metric:
     # cost: logged by every run (harness.run.record), ranked and plotted by studies
     PARAMS = "cost/params"
     STATE_SIZE = "cost/state_size"  # decoding-state elements per sequence at the training length
+    STATE_BYTES = "cost/state_bytes"  # the same in bytes, at the run's precision (4 for fp32)
     TOKENS_PER_S = "cost/train_tokens_per_s"  # training steps, warm-up steps excluded
     EVAL_TOKENS_PER_S = "cost/eval_tokens_per_s"  # the final evaluation, every length
     FLOPS_PER_TOKEN = "cost/flops_per_token"  # one training step (forward + backward), counted
@@ -130,6 +131,18 @@ def val_key(metric: str, length: int | None = None) -> str:
     """The MLflow key of a validation metric: ``val/acc`` at the training length (during
     training), ``val/acc_len256`` at an evaluation length (MLflow forbids ``@`` in keys)."""
     return f"val/{metric}" if length is None else f"val/{metric}_len{length}"
+
+
+def depth_metric(metric: str, depth: int) -> str:
+    """A metric of the needles at one depth (percent): ``recall_depth25`` (its MLflow key at
+    length 256: ``val/recall_depth25_len256``; :mod:`harness.run.grid` reads them back)."""
+    return f"{metric}_depth{depth}"
+
+
+def summary_metric(metric: str, over: str) -> str:
+    """A metric summarised over an evaluation grid (``objective.over``): ``recall_grid`` (the
+    mean over every depth x length cell), ``recall_longest`` (the longest length held)."""
+    return f"{metric}_{over}"
 
 
 def split_val_key(key: str) -> tuple[str, int] | None:

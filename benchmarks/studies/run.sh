@@ -13,7 +13,9 @@ workers=${2:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/benchmarks/studies/$study"
 scratch=$(mktemp -d "/tmp/harness-study-$study-XXXX")
-export HARNESS_HOME="$scratch/home" OMP_WAIT_POLICY=PASSIVE
+# KEEP_HOME=DIR: the study's store goes to DIR and is kept (to write its report again later:
+# HARNESS_HOME=DIR harness report STUDY-cpu --out benchmarks/studies/STUDY ...)
+export HARNESS_HOME="${KEEP_HOME:-$scratch/home}" OMP_WAIT_POLICY=PASSIVE
 cmd=(harness study run "studies/$study.yaml" --profile cpu --workers "$workers" --report
      --out "$scratch/report" --format md,json,csv)
 out=${RUN_OUT:-$out}  # a trial of this script: RUN_OUT=/tmp/x SETS="--set budget.steps=10" ...

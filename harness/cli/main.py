@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
 #: Modules that add sub-commands: each defines ``add_parsers(subparsers)``, imports only
 #: cheap modules at top level and imports heavy ones inside its handlers.
 EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.cli.check", "harness.cli.scaffold",
-                     "harness.data.cli", "harness.cli.trained", "harness.evaluation.cli")
+                     "harness.data.cli", "harness.cli.trained", "harness.evaluation.cli",
+                     "harness.evaluation.probe_cli")
 
 
 class _Version(argparse.Action):

@@ -14,7 +14,9 @@
                     Model call: ``model(tokens, padding_mask=...) -> (B, L, C)``.
 
 ``padding_mask`` is True at padding. Examples are dicts: ``{"tokens": [...], "loss_mask":
-[...]}`` (lm; ``loss_mask`` aligned with the targets ``tokens[1:]``, all scored if absent),
+[...]}`` (lm; ``loss_mask`` aligned with the targets ``tokens[1:]``, all scored if absent;
+an optional ``depth``, the percent of the context before a needle, which a long-context
+task's metrics read from the batch's raw ``examples``),
 ``{"tokens": [...], "tags": [...]}`` (tagging; an optional ``loss_mask`` aligned with
 ``tokens``),
 ``{"src": [...], "tgt": [...]}`` (seq2seq; ``tgt`` ends with EOS if the task wants the

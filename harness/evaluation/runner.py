@@ -176,8 +176,9 @@ def metrics(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def record(run_id: str, results: dict[str, Any], tracking_uri: str | None = None) -> dict[str, float]:
-    """Log :func:`metrics` and the results JSON (``eval/results.json``) to an MLflow run."""
+def run_tracker(run_id: str, tracking_uri: str | None = None) -> Any:
+    """The tracker of the store that holds run ``run_id`` (a HarnessError naming the store when
+    it does not): where an evaluation of a finished run is logged."""
     from harness.store.masking import mask_url
     from harness.store.tracking import Tracker
 
@@ -188,6 +189,12 @@ def record(run_id: str, results: dict[str, Any], tracking_uri: str | None = None
         raise HarnessError(f"there is no run {run_id} in the tracking store {mask_url(tracker.uri)} "
                            f"({type(exc).__name__}); pass the --tracking-uri it was recorded in, "
                            f"or --no-log.") from None
+    return tracker
+
+
+def record(run_id: str, results: dict[str, Any], tracking_uri: str | None = None) -> dict[str, float]:
+    """Log :func:`metrics` and the results JSON (``eval/results.json``) to an MLflow run."""
+    tracker = run_tracker(run_id, tracking_uri)
     values = metrics(results)
     import time
 

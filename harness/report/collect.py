@@ -18,7 +18,7 @@ from harness.keys import Attr, Phase, Tag
 from harness.report import stats
 from harness.study.progress import best_trial, phase_progress
 from harness.study.rungs import rungs_in_words
-from harness.study.schema import COSTS
+from harness.study.schema import COSTS, grid_words
 from harness.study.storage import StudyHandle
 
 
@@ -116,7 +116,10 @@ class Protocol:
     description: str = ""
     untuned: bool = False  # one trial per candidate: a shared recipe, not tuned
     data: str = ""  # what the runs read, from their manifest (:func:`with_data`); empty: generated
-    scaling: bool = False  # a scaling study: its cells differ in size by design
+    scaling: bool = False  # a scaling or sweep study: its candidates differ in size by design
+    #: what the objective summarises (``objective.over``): length, grid or longest
+    over: str = "length"
+    threshold: float | None = None
 
     @property
     def alpha(self) -> float:
@@ -124,6 +127,8 @@ class Protocol:
 
     @property
     def objective(self) -> str:
+        if self.over != "length":
+            return grid_words(self.metric, self.over, self.threshold)
         return f"val/{self.metric} @{self.length}"
 
 
@@ -148,7 +153,8 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
                 f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
-        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None)
+        description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None or cfg.sweep is not None,
+        over=cfg.objective.over, threshold=cfg.objective.threshold)
 
 
 def with_data(proto: Protocol, results: list[CandidateResult], cfg: Any) -> Protocol:

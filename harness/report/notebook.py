@@ -31,7 +31,8 @@ def study_runs(study: str, storage: str | None = None, tracking_uri: str | None 
 
     handle = open_handle(study, storage, tracking_uri)
     cfg = handle.config
-    objective = val_key(cfg.objective.metric, cfg.objective.length or int(handle.record["train_length"]))
+    objective = val_key(cfg.objective.metric, cfg.objective.length or int(handle.record["train_length"])) \
+        if cfg.objective.over == "length" else val_key(cfg.objective.name)  # over the grid: val/recall_grid
     rows = []
     for run in child_runs(handle).values():
         tags, metrics = run.data.tags, run.data.metrics

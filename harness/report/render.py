@@ -341,8 +341,9 @@ def protocol_text(protocol: Protocol, verdict: Verdict) -> str:
     seeds = ", ".join(map(str, protocol.seeds))
     return (
         f"Task {protocol.task}. Objective: {'maximize' if protocol.maximize else 'minimize'} "
-        f"{protocol.objective} (val/{protocol.metric} at evaluation length {protocol.length}). "
-        f"Protocol: {protocol.tuning}; its best configuration re-run with {len(protocol.seeds)} fresh "
+        f"{protocol.objective}"
+        + (f" (val/{protocol.metric} at evaluation length {protocol.length}). " if protocol.over == "length" else ". ")
+        + f"Protocol: {protocol.tuning}; its best configuration re-run with {len(protocol.seeds)} fresh "
         f"seeds ({seeds}). Intervals of means and of differences: Student t below "
         f"{stats.BCA_MIN_N} seeds, BCa bootstrap ({stats.N_RESAMPLES:,} resamples) from "
         f"{stats.BCA_MIN_N} on, at {protocol.confidence:.0%}. Every pair of candidates is compared "

@@ -117,10 +117,12 @@ def note(handle: StudyHandle, numbers: list[CandidateNumbers], table: str, metho
     if not complete:
         lines = ["**Not every confirmation seed has finished.**", "", *lines]
     lines += [
-        compact_table(numbers, f"val/{cfg.objective.metric} @{length}", method),
+        compact_table(numbers, f"val/{cfg.objective.metric} @{length}" if cfg.objective.over == "length"
+                      else val_key(cfg.objective.name), method),
         "",
-        f"**Study {handle.name}**: {cfg.objective.direction} val/{cfg.objective.metric} at "
-        f"evaluation length {length}; mean and {method} interval "
+        f"**Study {handle.name}**: {cfg.objective.direction} "
+        + (f"val/{cfg.objective.metric} at evaluation length {length}" if cfg.objective.over == "length"
+           else cfg.objective.words) + f"; mean and {method} interval "
         f"over the confirmation seeds ({seeds}); Δ and p against the baseline {cfg.baseline} "
         f"on matched seeds."
         + (f" Data read: {lead.data}." if lead is not None and lead.data else "")

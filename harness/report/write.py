@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.report import recall
 from harness.report.collect import CandidateResult, Protocol, collect, protocol, with_data
 from harness.report.document import document
 from harness.report.export import (
@@ -60,9 +61,13 @@ def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_pare
     from harness.report import scaling
 
     analysis = scaling.analyse(handle.config, results, confidence=proto.confidence)
+    long_context: dict[str, Any] = {}
     if "md" in formats or "html" in formats:
         blocks = _full_document(handle, results, verdict, proto, out_dir)
         blocks = _with_compute(blocks, handle, results, analysis, out_dir)
+        extra, long_context = recall.blocks(handle, results, proto, palette(
+            [c.name for c in handle.config.candidates]), out_dir)  # depth x length, recall v state
+        blocks = recall.insert(blocks, extra)
         if "md" in formats:
             (out_dir / "results.md").write_text(render_markdown(blocks))
         if "html" in formats:
@@ -78,6 +83,8 @@ def write_report(handle: StudyHandle, out: str | Path | None = None, log_to_pare
     if analysis is not None:
         _write_scaling(analysis, formats, out_dir)
     if log_to_parent:
+        if long_context:
+            recall.log_parent(handle, long_context)
         handle.tracker.client.log_artifacts(handle.parent_run_id, str(out_dir), "report")
     return out_dir
 

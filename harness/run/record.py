@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import shorten
-from harness.keys import Metric, Tag, component_tag, curve_key, split_val_key, val_key
+from harness.keys import (
+    Metric,
+    Tag,
+    component_tag,
+    curve_key,
+    split_val_key,
+    summary_metric,
+    val_key,
+)
+from harness.run import grid
 from harness.run.build import Built
 from harness.run.evaluate import Evaluation, attention_maps
 from harness.run.fit import Fitted
@@ -101,6 +110,10 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     import torch
 
     metrics = dict(evaluation.metrics)
+    for name in grid.metrics_with_cells(metrics):  # the mean over the depth x length grid
+        mean = grid.grid_mean(metrics, name)
+        if mean is not None:
+            metrics[val_key(summary_metric(name, "grid"))] = mean
     if fitted.tokens_per_s:
         metrics[Metric.TOKENS_PER_S] = fitted.tokens_per_s
     metrics.update(fitted.costs)
@@ -128,7 +141,16 @@ def run_metrics(built: Built, fitted: Fitted, evaluation: Evaluation, peak: dict
     state = decoding_state_size(built.model, built.info.max_length)
     if state is not None:
         metrics[Metric.STATE_SIZE] = float(state)
+        metrics[Metric.STATE_BYTES] = float(state * element_bytes(str(getattr(fitted.trainer, "precision", ""))))
     return metrics
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of one decoding-state element at a Lightning precision (``32-true``: 4; any 16-bit
+    one: 2, its caches being kept in the compute dtype; ``64-true``: 8)."""
+    if precision.startswith("64"):
+        return 8
+    return 2 if "16" in precision else 4
 
 
 def length_curves(metrics: dict[str, float]) -> dict[str, dict[int, float]]:
@@ -190,6 +212,16 @@ def _log_figures(tracker: tracking.Tracker, run_id: str, p: Plan, built: Built, 
             tracker.log_dict(run_id, {"metric": metric, "train_length": task.train_length,
                                       "points": {str(k): v for k, v in curve.items()}},
                              "plots/extrapolation.json")
+        for name in grid.metrics_with_cells(evaluation.metrics):  # the needle test's picture
+            cells = grid.cells(evaluation.metrics, name)
+            drawn = grid.heatmap(cells, Path(tmp) / f"heatmap_{name}.png", metric=val_key(name),
+                                 title=f"{default_run_name(p)}: {name} by depth and length",
+                                 train_length=task.train_length)
+            if drawn is not None:
+                tracker.log_artifact(run_id, drawn, "plots")
+                tracker.log_dict(run_id, {"metric": name, "train_length": task.train_length, "cells": [
+                    {"length": n, "depth": d, "value": v} for (n, d), v in sorted(cells.items())]},
+                    f"plots/heatmap_{name}.json")
         if p.config.train.log_attention and (p.attention is not None or p.attention_roles):
             for i, (maps, ids) in enumerate(attention_maps(fitted.system.model, task, p.fmt, count=2)):
                 tokens = [task.vocab.token(t) for t in ids] or None

@@ -28,6 +28,7 @@ from harness.params import (
     value_problem,
 )
 from harness.registry.specs import Registry
+from harness.study import recall
 from harness.study.schema import Candidate, SearchComponent
 
 
@@ -196,6 +197,7 @@ def candidate_space(registry: Registry, cand: Candidate, index: int, match: str 
     """A candidate's search space; ``match`` (``params`` or ``state_size``) when the study
     sets each candidate's width to match a budget."""
     where = f"candidates[{index}].model"
+    cand = recall.with_width(registry, cand, where)  # a sweep study's width, fixed
     width: str | None = None
     widths: list[int] = []
     if match:

@@ -200,7 +200,8 @@ def _study_run(args: argparse.Namespace) -> int:
     guess = estimate(space, runs_left(handle), args.workers)
     if guess is not None:
         print(guess.line(), flush=True)
-    metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "")
+    metric = f"val/{cfg.objective.metric}" + (f"@{cfg.objective.length}" if cfg.objective.length else "") \
+        if cfg.objective.over == "length" else cfg.objective.words
     from harness.study.spawn import extra_workers, log_path, worker_command, worker_env
 
     extra = args.workers - 1

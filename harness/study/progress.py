@@ -153,7 +153,8 @@ def describe(handle: StudyHandle, prog: StudyProgress) -> str:
         f" ({prog.running} running now)",
         f"  storage {redact(handle.storage_url)}; MLflow {redact(handle.tracker.uri)}, parent run "
         f"{handle.parent_run_id} (browse: harness ui --study {handle.name})",
-        f"  objective: {obj.direction} val/{obj.metric} at {length}"
+        f"  objective: {obj.direction} "
+        + (f"val/{obj.metric} at {length}" if obj.over == "length" else obj.words)
         + (f"; cost: {cfg.cost.metric}" if cfg.cost else "")
         + f"; sampler {cfg.sampler.name}; pruner {cfg.pruner.name}",
     ]

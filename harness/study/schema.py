@@ -30,7 +30,7 @@ from harness.config import (
     read_yaml,
 )
 from harness.errors import ConfigError
-from harness.keys import Metric
+from harness.keys import Metric, summary_metric
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 #: Study and candidate names become folder names (reports) and Optuna study names.
@@ -41,7 +41,7 @@ StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
 MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error",
                       "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"})
-MAXIMIZE = frozenset({"acc", "exact", "bleu", "f1", "macro_f1", "chrf", "exact_match", "acc_norm"})
+MAXIMIZE = frozenset({"acc", "exact", "recall", "bleu", "f1", "macro_f1", "chrf", "exact_match", "acc_norm"})
 #: An objective of this form is a downstream (lm-eval) metric: ``eval/<task>/<metric>``.
 DOWNSTREAM_PREFIX = "eval/"
 #: Cost objectives: MLflow metric keys (first one present wins) and direction.
@@ -91,6 +91,29 @@ class ScalingCell(Strict):
     lr: float | None = Field(None, gt=0, description="the learning rate the transfer rule fixes")
 
 
+class SweptWidth(Strict):
+    """The width of a candidate of a ``sweep:`` study (set by
+    :func:`harness.study.recall.expand`, never written by hand)."""
+
+    base: Name  # the candidate of the YAML
+    width: int = Field(ge=1, le=10**6, description="the model's width_param")
+
+
+class Sweep(Strict):
+    """Every candidate at each width: the metric against decoding-state size (the report's
+    recall-versus-state frontier, docs/long_context.md)."""
+
+    widths: list[Annotated[int, Field(ge=1, le=10**6)]] = Field(
+        min_length=2, description="values of each candidate's model width_param (d_model, width)")
+
+    @field_validator("widths")
+    @classmethod
+    def _distinct(cls, widths: list[int]) -> list[int]:
+        if len(set(widths)) < len(widths):
+            raise ValueError("widths: two widths are the same")
+        return sorted(widths)
+
+
 class Candidate(Strict):
     name: Name
     description: str = ""
@@ -101,12 +124,33 @@ class Candidate(Strict):
                     "study's), e.g. {path: corpora/mine-bpe} to compare tokenizers",
     )
     cell: ScalingCell | None = Field(None, exclude_if=lambda v: v is None)
+    swept: SweptWidth | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class Objective(Strict):
     metric: str = Field("acc", min_length=1)
     direction: Literal["maximize", "minimize"] | None = None
     length: int | None = Field(None, ge=1, le=10**7, description="evaluation length (default: training length)")
+    over: Literal["length", "grid", "longest"] = Field(
+        "length", exclude_if=lambda v: v == "length",  # keeps old fingerprints
+        description="length: the metric at objective.length; grid: its mean over every depth x "
+                    "length cell of the evaluation; longest: the longest evaluation length at "
+                    "which it holds >= threshold (harness.run.grid, docs/long_context.md)")
+    threshold: float | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="over: longest: the value a length must hold")
+
+    @property
+    def name(self) -> str:
+        """The metric the study ranks by: ``metric``, or its summary over the evaluation grid
+        (``recall_grid``, ``recall_longest``), logged as ``val/<name>`` on each run."""
+        return self.metric if self.over == "length" else summary_metric(self.metric, self.over)
+
+    @property
+    def words(self) -> str:
+        """The objective in words (reports, descriptions)."""
+        if self.over != "length":
+            return grid_words(self.metric, self.over, self.threshold)
+        return f"val/{self.metric}" + (f" at length {self.length}" if self.length else "")
 
     @property
     def downstream(self) -> bool:
@@ -125,6 +169,35 @@ class Objective(Strict):
             elif base in MAXIMIZE:
                 self.direction = "maximize"
         return self
+
+    @model_validator(mode="after")
+    def _over(self) -> Objective:
+        if self.over == "length":
+            if self.threshold is not None:
+                raise ValueError("threshold belongs to over: longest (the longest length held "
+                                 "at or above it); remove it or set over: longest")
+            return self
+        if self.length is not None:
+            raise ValueError(f"length: over: {self.over} summarises every evaluation length; "
+                             f"remove objective.length")
+        if self.downstream:
+            raise ValueError(f"over: {self.over} summarises the task's own evaluation grid, "
+                             f"not a downstream metric")
+        if self.over == "longest":
+            if self.threshold is None:
+                raise ValueError("over: longest needs threshold (the value a length must hold, "
+                                 "e.g. 0.9 for recall)")
+            if self.direction == "minimize":
+                raise ValueError(f"over: longest counts lengths held at or above threshold; "
+                                 f"'{self.metric}' is minimised (rank by recall or acc)")
+        return self
+
+
+def grid_words(metric: str, over: str, threshold: float | None) -> str:
+    """An objective summarised over the evaluation grid, in words."""
+    if over == "grid":
+        return f"val/{metric}, mean over the depth x length grid"
+    return f"the longest evaluation length holding val/{metric} >= {threshold:g}"
 
 
 CostName = Literal["tokens_per_s", "peak_memory", "params", "state_size"]
@@ -376,6 +449,8 @@ class StudyConfig(Strict):
     search: dict[str, Any] = Field(default_factory=dict, description="shared training ranges")
     budget: Budget
     scaling: ScalingConfig | None = Field(None, exclude_if=lambda v: v is None)
+    sweep: Sweep | None = Field(None, exclude_if=lambda v: v is None,
+                                description="every candidate at each width (recall against state)")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
@@ -394,9 +469,24 @@ class StudyConfig(Strict):
     def _expand_scaling(cls, data: Any) -> Any:
         """A scaling study's candidates crossed with its sizes and budgets (once: a stored
         record's candidates already carry their cells)."""
+        from harness.study import recall
         from harness.study.budget import expand
 
-        return expand(data) if isinstance(data, dict) else data
+        return recall.expand(expand(data)) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _sweep(self) -> StudyConfig:
+        if self.sweep is None:
+            if any(c.swept is not None for c in self.candidates):
+                raise ValueError("candidates: a swept width belongs to a sweep study; add sweep: "
+                                 "or remove the candidates' swept")
+            return self
+        if self.scaling is not None:
+            raise ValueError("sweep: a scaling study sets its sizes in scaling.sizes; keep one")
+        if self.width_target is not None:
+            raise ValueError(f"sweep: budget.{self.width_target[0]} matches every candidate to one "
+                             f"width, the sweep runs each at several; keep one")
+        return self
 
     @model_validator(mode="after")
     def _scaling_protocol(self) -> StudyConfig:

@@ -25,6 +25,7 @@ from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry.specs import Registry
+from harness.study import recall
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
@@ -425,11 +426,12 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"
         )
     elif config.pruner.name != "none" and space.objective_length != space.train_length \
-            and not config.objective.downstream:
+            and not config.objective.downstream and config.objective.over == "length":
         space.notes.append(
             f"pruner '{config.pruner.name}' compares tuning trials by val/{config.objective.metric} "
             f"at the objective's length {space.objective_length}: each tuning run validates there "
             f"too while it trains (besides its training length {space.train_length})")
+    space.notes += recall.grid_notes(space)
     if config.confirm.vary_data and _same_data(space):
         space.notes.append(f"confirm.vary_data has no effect: the data of task "
                            f"'{config.task.name}' does not depend on its seed")

@@ -52,7 +52,8 @@ def phase_study_name(name: str, phase: str, candidate: str) -> str:
 def objective_names(space: StudySpace) -> list[str]:
     """The names of a candidate study's objective values (the MLflow metric keys)."""
     cfg = space.config
-    names = [val_key(cfg.objective.metric, space.objective_length)]
+    names = [val_key(cfg.objective.name) if cfg.objective.over != "length"
+             else val_key(cfg.objective.metric, space.objective_length)]
     if cfg.cost is not None:
         keys = COSTS[cfg.cost.metric][0]
         names.append(keys[0] if len(keys) == 1 else f"cost/{cfg.cost.metric}")

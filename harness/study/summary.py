@@ -47,7 +47,7 @@ def study_views(name: str, config: StudyConfig, record: dict[str, Any]) -> dict[
     metric = config.objective.metric
     lengths = [int(n) for n in record["eval_lengths"]]
     length = config.objective.length or int(record["train_length"])
-    objective = val_key(metric, length)
+    objective = val_key(metric, length) if config.objective.over == "length" else val_key(config.objective.name)
     maximize = config.objective.direction == "maximize"
     lengths_columns = [f"metrics.`{objective}`"]
     lengths_columns += [f"metrics.`{val_key(metric, n)}`" for n in lengths if n != length]

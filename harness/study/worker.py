@@ -134,7 +134,8 @@ def run_cannot_extrapolate(run: dict[str, Any], space: StudySpace) -> bool:
 
 
 def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
-    key = val_key(config.objective.metric, space.objective_length)
+    o = config.objective
+    key = val_key(o.name) if o.over != "length" else val_key(o.metric, space.objective_length)
     if key not in result.metrics:
         na = f" It cannot run at lengths {result.not_applicable}." if result.not_applicable else ""
         raise HarnessError(
@@ -151,6 +152,21 @@ def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> lis
     if not all(math.isfinite(v) for v in values):
         raise HarnessError(f"the objective is not finite ({values}); the run diverged.")
     return values
+
+
+def grid_objective(handle: StudyHandle, space: StudySpace, result: Any) -> None:
+    """The objective summarised over the run's evaluation grid (``objective.over``: the mean
+    over every depth x length cell, or the longest length held at the threshold), put in the
+    run's metrics as ``val/<metric>_<over>`` and logged to its MLflow run (nothing when the
+    run logged nothing to summarise: :func:`objective_values` then says so)."""
+    from harness.run import grid
+
+    o = handle.config.objective
+    value = grid.summary(result.metrics, o.metric, o.over, o.threshold, list(space.eval_lengths))
+    if value is not None:
+        result.metrics[val_key(o.name)] = value
+        if result.run_id:
+            handle.tracker.log_metrics(result.run_id, {val_key(o.name): value})
 
 
 def downstream(handle: StudyHandle, space: StudySpace, result: Any) -> str:
@@ -241,6 +257,8 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             if cfg.downstream is not None and result.run_id and (
                     job.phase == Phase.CONFIRM or cfg.objective.downstream):
                 log(f"{label} {downstream(handle, space, result)}")
+            if cfg.objective.over != "length":
+                grid_objective(handle, space, result)
             values = objective_values(cfg, space, result)
             if result.run_id:
                 handle.tracker.set_tags(result.run_id, {Tag.NOTE: child_note(handle, space, tags, values[0])})
@@ -296,7 +314,8 @@ def child_note(handle: StudyHandle, space: StudySpace, tags: dict[str, str], val
     """A child run's description, the first thing its page shows: what the run is, its
     objective, and where the comparison is (the parent run)."""
     cfg = handle.config
-    objective = f"val/{cfg.objective.metric} at length {space.objective_length}"
+    objective = f"val/{cfg.objective.metric} at length {space.objective_length}" \
+        if cfg.objective.over == "length" else cfg.objective.words
     cand = tags[Tag.CANDIDATE]
     if tags[Tag.PHASE] == Phase.CONFIRM:
         what = (f"Confirmation run of candidate **{cand}** with seed {tags.get(Tag.SEED)}, its best "

@@ -22,7 +22,7 @@ from harness.testing.core import Checks, NotApplicable
 
 #: the keys an example of each task kind has, and the optional ones
 KEYS: dict[str, tuple[set[str], set[str]]] = {
-    "lm": ({"tokens"}, {"loss_mask"}),
+    "lm": ({"tokens"}, {"loss_mask", "depth"}),
     "seq2seq": ({"src", "tgt"}, set()),
     "classification": ({"tokens", "label"}, set()),
     "tagging": ({"tokens", "tags"}, {"loss_mask"}),
@@ -83,6 +83,9 @@ class TaskChecks(Checks):
                 assert len(e["tokens"]) >= 2, f"{where}: an lm example needs at least 2 tokens"
             if "tags" in e:
                 assert len(e["tags"]) == len(e["tokens"]), f"{where}: one tag per token"
+            if "depth" in e:
+                assert isinstance(e["depth"], int) and 0 <= e["depth"] <= 100, (
+                    f"{where}: 'depth' must be an int percent from 0 to 100, got {e['depth']!r}")
             if "loss_mask" in e:
                 expected = len(e["tokens"]) - (task.task_kind == "lm")
                 assert len(e["loss_mask"]) == expected, (
