@@ -182,9 +182,9 @@ def test_text_tasks_write_ruler_sentences_through_the_corpus_tokenizer(registry,
 
 def test_a_tokenizer_that_cannot_spell_the_needle_is_refused(registry, tmp_path):
     src = tmp_path / "letters.txt"
-    src.write_text("\n\n".join("abc def ghi " * 50 for _ in range(10)))
+    src.write_text("\n\n".join("abc def ghi " * 50 + "a" * i for i in range(20)))  # 20 documents
     folder = tmp_path / "chars"
-    prepare_corpus([src], folder, tokenizer="chars", progress=False)
+    prepare_corpus([src], folder, tokenizer="chars", progress=False, split_fractions=(0.5, 0.5, 0))
     task = make(registry, "needle", length=300, num_train=2, num_val=2, path=str(folder))
     with pytest.raises(ConfigError, match="cannot spell"):
         task.examples("val", 300)
