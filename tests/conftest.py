@@ -16,6 +16,9 @@ def harness_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_HOME", str(home))
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))  # never the user's cache
     monkeypatch.setenv("HARNESS_WORKERS_DIR", str(tmp_path / "workers"))  # workers of this test only
+    # every space of a CLI paragraph a line break (harness.errors.fill): a test asserting a phrase
+    # on wrapped text fails every time, not by a path's length (assert on tests/text.py's flat)
+    monkeypatch.setenv("HARNESS_WRAP_WIDTH", "1")
     for var in ("MLFLOW_TRACKING_URI", "HARNESS_PLUGINS", "HARNESS_DISABLE_PLUGINS",
                 "HARNESS_NO_AUTOLOAD", "HARNESS_TRACE_PLUGINS"):
         monkeypatch.delenv(var, raising=False)

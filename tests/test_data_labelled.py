@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import pytest
 import sacrebleu
+from text import flat
 
 import harness
 from harness.cli.main import main
@@ -288,7 +289,7 @@ def cli_error(capsys: Any, task: str, **params: Any) -> str:
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err and err.count("harness: error:") == 1
-    return " ".join(err.split())
+    return flat(err)
 
 
 def test_an_unseen_val_label_names_its_file_and_line(tmp_path, capsys):

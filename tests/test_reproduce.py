@@ -4,6 +4,7 @@ exactly on CPU, and a recorded version that differs from the installed one is na
 from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
+from text import flat
 
 from harness.cli.main import main
 from harness.run.pipeline import train
@@ -33,5 +34,5 @@ def test_from_run_refuses_overrides_and_unknown_runs(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     assert main(["train", "--from-run", "abc", "--set", "train.lr=0.1", "--tracking-uri", uri]) == 2
     assert main(["train", "--from-run", "0123456789abcdef", "--tracking-uri", uri]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "pass no config file" in err and "there is no run 0123456789abcdef" in err

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from servers import free_port
 from test_study import CANDIDATE, TINY, nope
+from text import flat
 
 from harness.cli import ui
 from harness.cli.main import main
@@ -114,7 +115,7 @@ def test_a_port_held_by_another_program_is_named_with_its_owner(capsys):
         s.listen()
         port = s.getsockname()[1]
         assert main(["ui", "--port", str(port)]) == 2
-    err = " ".join(capsys.readouterr().err.split())  # one paragraph, wrapped
+    err = flat(capsys.readouterr().err)  # one paragraph, wrapped
     assert f"port {port} on 127.0.0.1 is in use by another program" in err
     assert f"pid {os.getpid()}" in err and "--port" in err and "Traceback" not in err
     assert main(["ui", "--port", "70000"]) == 2
@@ -142,7 +143,7 @@ def test_a_left_over_mlflow_server_is_recognised(capsys):
     finally:
         server.shutdown()
         server.server_close()
-    err = " ".join(capsys.readouterr().err.split())  # one paragraph, wrapped
+    err = flat(capsys.readouterr().err)  # one paragraph, wrapped
     assert f"an MLflow server already listens on http://127.0.0.1:{port}" in err
     assert f"`kill {os.getpid()}`" in err
 

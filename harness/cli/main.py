@@ -64,12 +64,12 @@ def ctrl_c(at_once: str) -> Iterator[None]:
 
 
 def paragraph(text: str) -> str:
-    """A message as one wrapped paragraph, passwords masked; paths, URLs and names such as
-    UTF-8 are never broken at a hyphen or split (copy them from the terminal as they are)."""
-    from harness.errors import MAX_MESSAGE, shorten
+    """A message for stderr as one paragraph, passwords masked: wrapped at a terminal's
+    width, one line in a file or a pipe (:func:`harness.errors.fill`)."""
+    from harness.errors import MAX_MESSAGE, fill, shorten
 
     text = shorten(mask_text(text), MAX_MESSAGE)  # a backstop: echoed values are bounded where made
-    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+    return fill(" ".join(part.strip() for part in text.splitlines()))
 
 
 def report_interrupt(exc: Interrupted) -> int:
