@@ -24,7 +24,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.store import tracking
 from harness.store.guard import check_sqlite
-from harness.store.lock import schema_lock, sqlite_file
+from harness.store.lock import open_store, sqlite_file
 from harness.store.masking import mask_url
 from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
@@ -113,13 +113,15 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             with storage.engine.connect():  # a wrong password or a closed port: here, not later
                 pass
             return storage
-        with quiet_experimental(), schema_lock(url, "optuna"):
+        with quiet_experimental():
             # a retried trial keeps its reports (pruning decisions stay) and resumes from its
             # checkpoint when it has one (harness.study.worker)
             retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True) \
                 if heartbeat_s else None
-            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                              grace_period=grace_s, heartbeat_stale_trial_callback=retry)
+            # a schema another Optuna client (optuna-dashboard) creates at the same moment: waited for
+            return open_store(url, "optuna", lambda: RDBStorage(
+                url, engine_kwargs=engine, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                heartbeat_stale_trial_callback=retry))
     except HarnessError:
         raise
     except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver
