@@ -333,9 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
     except Exception as exc:
+        from harness.runtime.files import permission_denied
         from harness.store.guard import explain
 
-        error = explain(exc)  # a store that filled up or broke under the command
+        # a store that filled up or broke under the command; a path this user may not reach
+        error = explain(exc) or (permission_denied(exc) if isinstance(exc, PermissionError) else None)
         if error is None:
             raise
         print(paragraph(f"harness: error: {error}"), file=sys.stderr)
