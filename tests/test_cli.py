@@ -114,7 +114,7 @@ def test_config_errors_exit_2_with_one_paragraph(tmp_path, mutate, expected):
 
 def test_missing_file_and_bad_yaml_exit_2(tmp_path):
     out = run_cli("train", str(tmp_path / "nope.yaml"))
-    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert out.returncode == 2 and "does not exist" in flat(out.stderr)
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: [unclosed\n")
     out = run_cli("train", str(bad))

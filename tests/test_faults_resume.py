@@ -160,7 +160,7 @@ def test_sigusr1_s_message_names_the_run(monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "_train", preempted)
     assert main(["train", "--task", "copy", "--model", "transformer"]) == checkpoint.PREEMPTED_EXIT
-    err = capsys.readouterr().err
+    err = flat(capsys.readouterr().err)
     assert "harness train --resume 0123abcd" in err and "RUN_ID" not in err
     stopper = checkpoint.Checkpointing(checkpoint.folder("r1"), checkpoint.Schedule(), keep=1, best=False,
                                        metric="val/loss", mode="min", meta={"run_id": "r1"}, datamodule=None)

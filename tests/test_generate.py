@@ -111,7 +111,7 @@ def test_generate_refuses_bad_input(home, tmp_path, capsys):
     assert main(["generate", run_id, "--prompt", "s1", "--temperature", "-1"]) == 2
     assert main(["generate", run_id, "--prompt", "s1", "--top-p", "0"]) == 2
     assert main(["generate", "0123456789abcdef", "--prompt", "s1"]) == 2
-    assert "no trained weights" in capsys.readouterr().err
+    assert "no trained weights" in flat(capsys.readouterr().err)
     parity = train({"task": {"name": "parity", "params": {"length": 4, "num_train": 16, "num_val": 4}},
                     "model": {"name": "transformer", "params": {"d_model": 8, "layers": 1, "heads": 2}},
                     "train": {"max_steps": 2, "batch_size": 8, "progress": False, "num_threads": 1},

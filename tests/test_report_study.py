@@ -156,6 +156,7 @@ def test_too_few_seeds_warn_before_training(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warning: with 5 confirmation seed(s) the exact sign-flip permutation test cannot " \
            "reach the study's level 0.05" in flat(err)
+    err = flat(err)
     assert "0.188 after the Holm correction over 3 comparisons" in err  # 3 * 2/2^5
     assert "at least 7 seeds" in err
 
@@ -179,5 +180,5 @@ def test_the_warning_names_the_fix(capsys):
 def test_unknown_format_fails_before_anything_runs(tmp_path, capsys):
     path = write_study(tmp_path, "fmt", [candidate("a")])
     assert main(["study", "run", str(path), "--report", "--format", "docx"]) == 2
-    assert "--format: unknown format(s) docx" in capsys.readouterr().err
+    assert "--format: unknown format(s) docx" in flat(capsys.readouterr().err)
     assert not (tmp_path / ".harness" / "optuna.db").exists()

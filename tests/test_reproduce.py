@@ -21,7 +21,7 @@ def test_a_rerun_from_the_record_matches_exactly_and_names_version_changes(tmp_p
     client.set_tag(first.run_id, "harness.torch_version", "0.0.1")  # recorded under another torch
     assert main(["train", "--from-run", first.run_id, "--tracking-uri", uri]) == 0
     out = capsys.readouterr()
-    assert "harness.torch_version was 0.0.1, now" in out.err
+    assert "harness.torch_version was 0.0.1, now" in flat(out.err)
     assert "quality metrics match exactly" in out.out
     rerun = [r for r in client.search_runs([client.get_run(first.run_id).info.experiment_id])
              if r.data.tags.get("harness.rerun_of") == first.run_id]

@@ -204,7 +204,7 @@ def test_bad_resumes_are_one_paragraph_exit_2_and_change_nothing(store, capsys, 
     err = flat(capsys.readouterr().err)
     assert "ended FAILED (RuntimeError: boom)" in err
     assert main(["train", "--resume", "0123456789abcdef", "--tracking-uri", store]) == 2
-    assert "there is no run 0123456789abcdef" in capsys.readouterr().err
+    assert "there is no run 0123456789abcdef" in flat(capsys.readouterr().err)
     with pytest.raises(HarnessError, match="not an MLflow run id"):
         checkpoint.folder("../../etc")
 

@@ -24,7 +24,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from test_study import tiny_study
 from test_study_workers import postgres_url  # noqa: F401  (the PostgreSQL fixture)
-from text import one_paragraph
+from text import flat, one_paragraph
 
 from harness.cli.main import main
 from harness.store.guard import StoreError, check_sqlite, explain
@@ -237,7 +237,7 @@ def test_a_worker_whose_every_trial_failed_exits_1(tmp_path, capsys):
     code = main(["study", "run", str(path)])
     out = capsys.readouterr()
     assert code == 1
-    assert "every trial this worker ran failed" in out.err and "Traceback" not in out.err
+    assert "every trial this worker ran failed" in flat(out.err) and "Traceback" not in out.err
 
 
 # -- 3. secrets -----------------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
     changed["budget"]["trials"] = 3
     finished["path"].write_text(yaml.safe_dump(changed))
     assert main(["study", "run", str(finished["path"]), *args]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "already exists" in flat(capsys.readouterr().err)
     assert len(trials(finished["storage"], "tiny", "tune", "mha")) == 2
 
 
