@@ -34,22 +34,7 @@ TRAIN = ["train", "--task", "copy", "--model", "transformer", "--attention", "mu
 
 
 def _race(folder: Path, home: Path, argv: list[str], racers: int) -> list[tuple[int, str]]:
-    folder.mkdir(parents=True)
-    env = dict(os.environ, HARNESS_HOME=str(home), OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(folder), str(i), *argv], env=env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i in range(racers)]
-    try:
-        deadline = time.monotonic() + 180
-        while len(list(folder.glob("ready-*"))) < racers:
-            assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
-            assert time.monotonic() < deadline, "the racers did not get ready"
-            time.sleep(0.05)
-        (folder / "go").touch()
-        return [(p.wait(timeout=300), p.communicate()[0]) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    return _race_programs(folder, [(RACER, argv)] * racers, HARNESS_HOME=str(home))
 
 
 def test_train_commands_started_together_on_a_new_project_all_succeed(tmp_path):
@@ -107,10 +92,10 @@ print("harness ok")
 """
 
 
-def _race_programs(folder: Path, programs: list[tuple[str, list[str]]]) -> list[tuple[int, str]]:
-    """Run each (script, argv) in its own process, released together once all are ready."""
+def _race_programs(folder: Path, programs: list[tuple[str, list[str]]], **env: str) -> list[tuple[int, str]]:
+    """Run each (script, argv) in its own process, released together by a file once all are ready."""
     folder.mkdir(parents=True)
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", **env)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(folder), str(i), *argv], env=env,
                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for i, (script, argv) in enumerate(programs)]
