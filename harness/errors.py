@@ -45,6 +45,40 @@ def short_list(items: Any, limit: int = 12) -> str:
     return ", ".join(shorten(i) for i in items[:limit]) + (f" and {more:,} more" if more > 0 else "")
 
 
+#: wrap the CLI's paragraphs at this many columns (0: never); unset: a terminal's width
+WRAP_ENV = "HARNESS_WRAP_WIDTH"
+
+
+def fill(text: str, stream: Any = None, indent: str = "") -> str:
+    """``text`` wrapped for where it goes: at a terminal's width (at most 100 columns) when
+    ``stream`` (default stderr) is a terminal, never when it is a file or a pipe (a log keeps
+    whole lines, ``grep`` finds a phrase). ``$HARNESS_WRAP_WIDTH`` overrides the width (0:
+    never); the test suite sets it to 1 so that a test asserting on wrapped text fails every
+    time, not by the length of a path. Paths, URLs and names such as UTF-8 are never split
+    at a hyphen or inside a word (copy them from the terminal as they are); each line of
+    ``text`` is wrapped on its own, later lines of a paragraph indented by ``indent``."""
+    import os
+    import shutil
+    import sys
+    import textwrap
+
+    stream = sys.stderr if stream is None else stream
+    setting = os.environ.get(WRAP_ENV, "").strip()
+    if setting.isdigit():
+        width = int(setting)
+    else:
+        try:
+            terminal = stream.isatty()
+        except (AttributeError, ValueError):  # a closed or a stand-in stream
+            terminal = False
+        width = min(shutil.get_terminal_size((100, 24)).columns, 100) if terminal else 0
+    if width <= 0:
+        return text
+    return "\n".join(textwrap.fill(line, width=max(width, len(indent) + 1), subsequent_indent=indent,
+                                   break_on_hyphens=False, break_long_words=False)
+                     for line in text.split("\n"))
+
+
 def warning(text: str) -> None:
     """The harness's own warning line on stderr (``warning: ...``), never a raw Python warning
     with a source path."""

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from text import flat
 
 from harness.bench import attention as bench
 from harness.cli import main as cli
@@ -73,7 +74,7 @@ def test_bench_never_overwrites_a_recorded_file(tmp_path, monkeypatch, capsys):
     record = tmp_path / "attention_cpu.md"
     record.write_text("recorded\n")
     assert cli.main(["bench", "attention", "--device", "cpu", "--output", str(record)]) == 2
-    assert "never overwrite" in capsys.readouterr().err and record.read_text() == "recorded\n"
+    assert "never overwrite" in flat(capsys.readouterr().err) and record.read_text() == "recorded\n"
     day = datetime(2026, 11, 23)
     assert record_path("-", "attention", "cpu", day) is None
     monkeypatch.chdir(tmp_path)

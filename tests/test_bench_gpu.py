@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from text import flat
 
 from harness.bench import gpu
 from harness.cli import main as cli
@@ -17,7 +18,7 @@ from harness.cli import main as cli
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_without_cuda_the_gpu_benchmark_exits_2_saying_why(capsys):
     assert cli.main(["bench", "gpu", "--output", "-"]) == 2
-    err = capsys.readouterr().err
+    err = flat(capsys.readouterr().err)
     assert "needs a CUDA device" in err and "--dry-run" in err and "Traceback" not in err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from text import flat
 
 import harness
 from harness.bench import model as bench
@@ -101,7 +102,7 @@ def test_bench_model_command_measures_both_and_records(tmp_path, capsys, monkeyp
             "--steps", "5", "--warmup", "2", "--repeats", "1", "--peak-tflops", "0.1", "--output", str(out),
             "--min-ratio", "1000", "--max-fixed-cost", "1000"]
     assert cli.main(args) == 1  # the record is written, then the gate fails: no harness is 1000x faster
-    err = capsys.readouterr().err
+    err = flat(capsys.readouterr().err)
     assert "FAILED: harness / reference" in err and "fixed cost" not in err
     text = out.read_text()
     assert "| harness (`harness.train`) |" in text and "| plain PyTorch reference |" in text

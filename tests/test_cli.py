@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from servers import free_port, wait_until_healthy
+from text import flat
 
 from harness.cli.main import main
 
@@ -106,18 +107,18 @@ def test_config_errors_exit_2_with_one_paragraph(tmp_path, mutate, expected):
     mutate(data)
     out = run_cli("train", str(_write(tmp_path, data)))
     assert out.returncode == 2, out.stderr
-    assert expected in " ".join(out.stderr.split()), out.stderr
+    assert expected in flat(out.stderr), out.stderr
     assert "Traceback" not in out.stderr
     assert not (Path(os.environ["HARNESS_HOME"]) / "mlflow.db").exists()
 
 
 def test_missing_file_and_bad_yaml_exit_2(tmp_path):
     out = run_cli("train", str(tmp_path / "nope.yaml"))
-    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert out.returncode == 2 and "does not exist" in flat(out.stderr)
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: [unclosed\n")
     out = run_cli("train", str(bad))
-    message = " ".join(out.stderr.split())
+    message = flat(out.stderr)
     assert out.returncode == 2 and "not valid YAML at line 2" in message and "Traceback" not in message
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import pytest
 import torch
+from text import flat
 
 from harness import testing
 from harness.errors import HarnessError
@@ -273,7 +274,7 @@ def test_check_prints_a_table_per_component_and_exits_1_on_a_failure(tmp_path, c
     rows = {line.split()[1]: line.split()[0] for line in out.splitlines() if line.startswith("  ") and
             not line.startswith("  ->")}
     assert rows["causality"] == "FAIL" and rows["shapes"] == "ok" and rows["row_stochastic"] == "exempt"
-    assert "exempt row_stochastic" in " ".join(out.split()) and "not really" in out
+    assert "exempt row_stochastic" in flat(out) and "not really" in out
     assert "reads the future" in out and "FAILED: attention leaky" in out
     assert main(["check", "--plugin", str(plugin), "--check", "shapes", "--check", "padding"]) == 0
     out = capsys.readouterr().out
@@ -285,13 +286,13 @@ def test_check_by_name_kind_and_all(capsys):
 
     assert main(["check", "parity_nope"]) == 2
     assert main(["check", "multi_head", "--check", "causalty"]) == 2
-    assert "Did you mean 'causality'" in " ".join(capsys.readouterr().err.split())
+    assert "Did you mean 'causality'" in flat(capsys.readouterr().err)
     assert main(["check", "--all", "--kind", "task", "--check", "vocabulary"]) == 0
     out = capsys.readouterr().out
     assert out.count("\ntask ") + out.startswith("task ") == len(testing.core.base_registry().names("task"))
     assert main(["check", "sliding_window", "--set", "window=3", "--check", "causality"]) == 0
     assert main(["check", "sliding_window", "--set", "windw=3"]) == 2
-    assert "did you mean 'window'" in " ".join(capsys.readouterr().err.split())
+    assert "did you mean 'window'" in flat(capsys.readouterr().err)
 
 
 def test_a_reference_that_disagrees_fails_the_reference_check():

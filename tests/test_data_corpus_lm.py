@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import logsumexp
+from text import flat
 
 import harness
 from harness.data.corpus import open_corpus, window_starts
@@ -314,7 +315,7 @@ def test_training_on_an_unprepared_path_exits_2_with_the_prepare_command(tmp_pat
     (tmp_path / "raw").mkdir()
     code = main(["train", "--task", "corpus_lm", "--model", "transformer", "--max-steps", "1", "--no-progress",
                  "--set", f"task.params.path={tmp_path / 'raw'}"])
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert code == 2 and "Traceback" not in err
     assert f"Prepare it first: harness data prepare YOUR_FILES... --tokenizer bytes --out {tmp_path / 'raw'}" in err
 

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from text import flat
 
 from harness.cli.main import main
 from harness.data.corpus import FORMAT_VERSION, MANIFEST, open_corpus, window_starts
@@ -241,7 +242,7 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch, fil
         argv += ["--tokenizer", "bytes"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert expected in " ".join(err.split()) and "Traceback" not in err
+    assert expected in flat(err) and "Traceback" not in err
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from copy_model import train_copy
+from text import flat
 
 import harness
 from harness.cli.main import main
@@ -113,7 +114,7 @@ def test_a_missing_local_data_file_is_named_before_anything_loads(tmp_path, caps
     _yaml(tmp_path, "lost", tmp_path / "nowhere.jsonl",
           'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n')
     assert main(["eval", "no-such-run", "--tasks", "lost", "--include-path", str(tmp_path)]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "task 'lost' reads" in err and "nowhere.jsonl, which does not exist" in err
 
 
@@ -181,7 +182,7 @@ def test_bad_requests_are_one_paragraph_and_exit_2(home, tmp_path, capsys):
     run_id, uri, root = home
     tasks = root / "tasks"
     assert main(["eval", run_id, "--tasks", "copy_choise", "--include-path", str(tasks)]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "unknown task 'copy_choise'" in err and "copy_choice" in err
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"src": "s1 s2", "choices": [" ".join(["s1"] * 12), "s1"]}) + "\n")
@@ -191,17 +192,17 @@ def test_bad_requests_are_one_paragraph_and_exit_2(home, tmp_path, capsys):
           'doc_to_target: "s1"\ngeneration_kwargs:\n  max_gen_toks: 20\n')
     for task, words in (("too_long", "longer than the model's context"), ("too_many_tokens", "max_gen_toks 20")):
         assert main(["eval", run_id, "--tasks", task, "--include-path", str(tmp_path), "--no-log"]) == 2
-        assert words in " ".join(capsys.readouterr().err.split())
+        assert words in flat(capsys.readouterr().err)
     parity = train({"task": {"name": "parity", "params": {"length": 4, "num_train": 16, "num_val": 4}},
                     "model": {"name": "transformer", "params": {"d_model": 8, "layers": 1, "heads": 2}},
                     "train": {"max_steps": 2, "batch_size": 8, "progress": False, "num_threads": 1},
                     "plugins": [str(ROOT / "docs/examples/parity_task.py")], "tracking": {"uri": uri}})
     capsys.readouterr()
     assert main(["eval", parity.run_id, "--tasks", "copy_choice", "--include-path", str(tasks)]) == 2
-    assert "lm-eval scores text with a language model" in " ".join(capsys.readouterr().err.split())
+    assert "lm-eval scores text with a language model" in flat(capsys.readouterr().err)
     # harness generate on a classifier: says it cannot generate before reading the prompt
     assert main(["generate", parity.run_id, "--prompt", "not even symbols"]) == 2
-    assert "generate needs a language-model" in " ".join(capsys.readouterr().err.split())
+    assert "generate needs a language-model" in flat(capsys.readouterr().err)
 
 
 @pytest.mark.slow
@@ -239,7 +240,7 @@ def test_hub_layout_round_trip_reproduces_weights_and_generations(home, tmp_path
     (out / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
     (out / "config.json").write_text(json.dumps(config))
     assert main(["generate", str(out), "--prompt", "s1"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "not installed: model 'my_net' (from my-nets 2.1)" in err and "never runs code" in err
     assert not (tmp_path / "ran").exists()
     assert main(["export", run_id, "--format", "hf", "--out", str(out)]) == 2

@@ -18,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from test_study import record, tiny_study, trials
+from text import flat, one_paragraph
 
 from harness.cli.main import main
 
@@ -33,13 +34,6 @@ def _runs(uri: str) -> list[Any]:
     return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
 
-def _one_paragraph(err: str) -> str:
-    assert "Traceback" not in err
-    line = " ".join(err.split())
-    assert line.count("harness: error:") == 1, err
-    return line
-
-
 def _cli(*args: str) -> tuple[int, str]:
     """The real command in its own process (the exit code and stderr a user sees)."""
     done = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
@@ -51,7 +45,7 @@ def test_plugin_exception_fails_the_run_naming_the_plugin(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     code, err = _cli("train", *TINY_TRAIN, "--set", "model.mixer.name=boom", "--max-steps", "3",
                      "--tracking-uri", uri)
-    err = _one_paragraph(err)
+    err = one_paragraph(err)
     assert code == 1
     assert "the mixer 'boom'" in err and "faulty_plugin.py:" in err and "ZeroDivisionError" in err
     (run,) = _runs(uri)
@@ -70,7 +64,7 @@ def test_out_of_memory_in_training_fails_cleanly_and_releases_the_model(tmp_path
            "tracking": {"uri": uri}, "plugins": [FAULTY]}
     with pytest.raises(OutOfMemory) as caught:
         train(cfg)
-    err = " ".join(str(caught.value).split())
+    err = flat(str(caught.value))
     assert "out of memory" in err and "mixer hog" in err and "train.batch_size=4" in err
     (run,) = _runs(uri)
     assert run.info.status == "FAILED" and "out of memory" in run.data.tags["harness.failure"]
@@ -104,7 +98,7 @@ def test_a_model_larger_than_memory_is_refused_before_training(tmp_path):
     code, err = _cli("train", "--task", "copy", "--model", "transformer", "--set", "model.params.d_model=65536",
                      "--set", "model.params.layers=8", "--max-steps", "3", "--no-progress",
                      "--tracking-uri", uri)
-    err = _one_paragraph(err)
+    err = one_paragraph(err)
     assert code == 1
     assert "GiB" in err and "parameters" in err and "Nothing was trained or recorded" in err
     assert not (tmp_path / "m.db").exists() or not _runs(uri)
@@ -177,8 +171,8 @@ def test_ctrl_c_on_train_exits_130_saying_what_was_kept(tmp_path):
     code, err, run = _interrupt_training(uri, presses=1)
     assert code == 130, err
     assert "Traceback" not in err
-    assert f"Kept: MLflow run {run.info.run_id}, ended KILLED" in " ".join(err.split())
-    assert "Run the same command again" in err
+    assert f"Kept: MLflow run {run.info.run_id}, ended KILLED" in flat(err)
+    assert "Run the same command again" in flat(err)
     ended = MlflowClient(uri).get_run(run.info.run_id)
     assert ended.info.status == "KILLED" and ended.data.tags["harness.interrupted"] == "true"
 
@@ -196,7 +190,7 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
         # is ignored, never the default action that kills by SIGINT)
         assert code == 130, err
         assert "Traceback" not in err
-        if "interrupted again: exiting at once" in err:
+        if "interrupted again: exiting at once" in flat(err):
             assert "Kept:" not in err
             return
         assert "Kept:" in err
@@ -226,7 +220,7 @@ def test_ctrl_c_on_a_study_worker_exits_130_with_the_resume_command(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    text = " ".join(err.split())
+    text = flat(err)
     assert "Traceback" not in err and f"Resume with `harness study run {path} --storage {storage} --tracking-uri {uri}`" in text
     (trial,) = [t for t in trials(storage, "killed", "tune", "mha") if t.number == victim.number]
     assert trial.state == TrialState.FAIL

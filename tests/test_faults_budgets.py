@@ -10,6 +10,7 @@ import copy
 from pathlib import Path
 
 import pytest
+from text import one_paragraph
 
 from harness.cli.main import main
 from harness.config import parse_run_config
@@ -22,13 +23,6 @@ from harness.yaml_io import read_yaml
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["train", "--task", "copy", "--model", "transformer", "--set", "model.params.d_model=16",
         "--set", "model.params.layers=1", "--no-progress"]
-
-
-def one_paragraph(err: str) -> str:
-    assert "Traceback" not in err, err
-    line = " ".join(err.split())
-    assert line.count("harness: error:") == 1, err
-    return line
 
 
 def test_the_flop_bound_is_a_year_at_the_fastest_peak():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from text import one_paragraph
 
 from harness.cli.main import main
 from harness.data.corpus import MANIFEST, open_corpus
@@ -32,14 +33,6 @@ def run_prepare(capsys, *args: str) -> tuple[int, str]:
     code = main(["data", "prepare", *args, "--tokenizer", "bytes", "--quiet"])
     err = capsys.readouterr().err
     return code, err
-
-
-def one_paragraph(err: str) -> str:
-    assert "Traceback" not in err, err
-    line = " ".join(err.split())
-    assert line.count("harness: error:") == 1, err
-    assert len(line) < 1200, line
-    return line
 
 
 # -- temporary paths ----------------------------------------------------------------------
@@ -101,7 +94,7 @@ def test_a_device_is_refused(capsys, tmp_path):
 def test_a_dangling_link_and_an_unreadable_file_are_named(capsys, tmp_path):
     os.symlink(tmp_path / "gone.jsonl", tmp_path / "a.jsonl")
     code, err = run_prepare(capsys, str(tmp_path / "a.jsonl"), "--out", str(tmp_path / "out"))
-    assert code == 2 and "gone.jsonl" in one_paragraph(err) and "does not exist" in err
+    assert code == 2 and "gone.jsonl" in one_paragraph(err) and "does not exist" in one_paragraph(err)
     src = tmp_path / "src"
     src.mkdir()
     os.symlink("gone.jsonl", src / "a.jsonl")

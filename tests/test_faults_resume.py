@@ -17,6 +17,7 @@ import lightning as L
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from text import flat
 
 from harness.cli.main import main
 from harness.errors import Interrupted
@@ -104,7 +105,7 @@ def test_foreign_newest_checkpoints_are_skipped_and_the_run_stays_resumable(kill
         shutil.move(p.with_name(p.name + ".sha256"), aside / (p.name + ".sha256"))
     code = main(["train", "--resume", run_id, "--tracking-uri", uri])
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and "no usable checkpoint" in " ".join(err.split())
+    assert code == 2 and "Traceback" not in err and "no usable checkpoint" in flat(err)
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "KILLED", "a refused resume changes nothing"
     for p in aside.iterdir():
@@ -118,7 +119,7 @@ def test_foreign_newest_checkpoints_are_skipped_and_the_run_stays_resumable(kill
     err = capsys.readouterr().err
     assert code == 0, err
     assert "UserWarning" not in err and "warnings.warn" not in err
-    text = " ".join(err.split())
+    text = flat(err)
     for name in names:
         assert name in text
     assert (root / "unusable-step-000000100.ckpt").is_file(), "set aside, not deleted"
@@ -136,7 +137,7 @@ def test_a_second_resume_of_a_run_is_refused_while_one_holds_it(killed, capsys):
     uri, run_id = killed
     with resume_lock(run_id):
         code = main(["train", "--resume", run_id, "--tracking-uri", uri])
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert code == 2 and "being resumed already" in err and str(os.getpid()) in err
     assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
 
@@ -162,7 +163,7 @@ def test_resume_with_flags_names_the_changed_field_and_accepts_free_ones(killed,
     for flags, field in ((["--set", "train.lr=0.5"], "train.lr was 0.01, now 0.5"),
                          (["--max-steps", "12"], "train.max_steps was 8, now 12")):
         code = main(["train", "--resume", run_id, "--tracking-uri", uri, *flags])
-        err = " ".join(capsys.readouterr().err.split())
+        err = flat(capsys.readouterr().err)
         assert code == 2 and field in err and "required field is missing" not in err
     code = main(["train", "--resume", run_id, "--tracking-uri", uri, "--set", "train.max_time_s=600"])
     assert code == 0, capsys.readouterr().err
@@ -177,7 +178,7 @@ def test_sigusr1_s_message_names_the_run(monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "_train", preempted)
     assert main(["train", "--task", "copy", "--model", "transformer"]) == checkpoint.PREEMPTED_EXIT
-    err = capsys.readouterr().err
+    err = flat(capsys.readouterr().err)
     assert "harness train --resume 0123abcd" in err and "RUN_ID" not in err
     stopper = checkpoint.Checkpointing(checkpoint.folder("r1"), checkpoint.Schedule(), keep=1, best=False,
                                        metric="val/loss", mode="min", meta={"run_id": "r1"}, datamodule=None)

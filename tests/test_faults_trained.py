@@ -16,6 +16,7 @@ import sys
 import threading
 
 import pytest
+from text import one_paragraph
 
 import harness
 from harness.cli.main import main
@@ -44,14 +45,6 @@ def folder(exported, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(exported[2], out)
     return out
-
-
-def one_paragraph(err: str) -> str:
-    assert "Traceback" not in err, err
-    line = " ".join(err.split())
-    assert line.count("harness: error:") == 1, err
-    assert len(line) < 1500, line
-    return line
 
 
 def edit_meta(folder, change) -> None:

@@ -17,6 +17,7 @@ import optuna
 import pytest
 import scipy.stats
 from test_report import candidate, protocol
+from text import flat
 
 from harness.cli import scaffold
 from harness.cli.main import main
@@ -205,14 +206,14 @@ def test_set_errors_name_the_field_without_validator_internals(tmp_path, capsys)
     path = tmp_path / "cos_tau.py"
     path.write_text(PLUGIN)
     assert main(["check", "--plugin", str(path), "--set", "init_temperature=200"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "init_temperature must be below 100, where the softmax saturates" in err
     for internal in ("Value error", "{'init_temperature': 200}", "'.:", "..", "Traceback"):
         assert internal not in err, internal
     assert "attention 'cos_tau'" in err
     # a field's own type error still names the field and the value given
     assert main(["check", "--plugin", str(path), "--set", "init_temperature=hot"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "init_temperature:" in err and "(got 'hot')" in err and "Value error" not in err
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_report import candidate, protocol
+from text import flat
 
 from harness.report.collect import with_data
 from harness.report.document import document
@@ -335,9 +336,9 @@ def test_data_prepare_help_and_the_docs_agree_on_the_workers_default(capsys):
 
     with pytest.raises(SystemExit):
         main(["data", "prepare", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
+    help_text = flat(capsys.readouterr().out)
     assert f"(default: {WORKERS_DEFAULT})" in help_text
-    docs = " ".join((Path(__file__).parent.parent / "docs" / "data.md").read_text().split())
+    docs = flat((Path(__file__).parent.parent / "docs" / "data.md").read_text())
     assert f"`--workers` processes (default: {WORKERS_DEFAULT})" in docs
     assert f"sources under {FEW_CHUNKS * CHUNK_BYTES >> 20} MB" in WORKERS_DEFAULT
     assert not re.search(r"default: the usable cores", help_text)
@@ -351,7 +352,7 @@ def test_a_new_store_made_in_another_folder_is_named(tmp_path, monkeypatch, caps
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert tracking.ensure_home() == elsewhere.resolve() / ".harness"
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert f"created a new one, {elsewhere.resolve() / '.harness'}" in err and "HARNESS_HOME" in err
     tracking.ensure_home()  # it exists now: nothing more to say
     (elsewhere / "sub").mkdir()

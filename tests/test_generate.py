@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from copy_model import COPY, train_copy
+from text import flat
 
 import harness
 from harness.cli.main import main
@@ -97,7 +98,7 @@ def test_export_loads_without_the_store_and_never_overwrites(home, tmp_path, mon
     before = (out / "model.safetensors").stat().st_mtime_ns
     capsys.readouterr()
     assert main(["export", run_id, "--out", str(out)]) == 2
-    assert "already exists" in " ".join(capsys.readouterr().err.split())
+    assert "already exists" in flat(capsys.readouterr().err)
     assert (out / "model.safetensors").stat().st_mtime_ns == before
 
 
@@ -105,19 +106,19 @@ def test_export_loads_without_the_store_and_never_overwrites(home, tmp_path, mon
 def test_generate_refuses_bad_input(home, tmp_path, capsys):
     run_id, uri = home[0], home[1]
     assert main(["generate", run_id, "--prompt", "s1 zz"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "'zz' is not in the run's vocabulary" in err and "s0" in err
     assert main(["generate", run_id, "--prompt", "s1", "--temperature", "-1"]) == 2
     assert main(["generate", run_id, "--prompt", "s1", "--top-p", "0"]) == 2
     assert main(["generate", "0123456789abcdef", "--prompt", "s1"]) == 2
-    assert "no trained weights" in capsys.readouterr().err
+    assert "no trained weights" in flat(capsys.readouterr().err)
     parity = train({"task": {"name": "parity", "params": {"length": 4, "num_train": 16, "num_val": 4}},
                     "model": {"name": "transformer", "params": {"d_model": 8, "layers": 1, "heads": 2}},
                     "train": {"max_steps": 2, "batch_size": 8, "progress": False, "num_threads": 1},
                     "plugins": [str(ROOT / "docs/examples/parity_task.py")], "tracking": {"uri": uri}})
     capsys.readouterr()
     assert main(["generate", parity.run_id, "--prompt", "0 1"]) == 2
-    assert "generate needs a language-model or encoder-decoder run" in " ".join(capsys.readouterr().err.split())
+    assert "generate needs a language-model or encoder-decoder run" in flat(capsys.readouterr().err)
 
 
 def test_encode_checks_the_prompt():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from text import flat
 
 import harness
 from harness.data.vocab import SEP
@@ -139,7 +140,7 @@ def test_a_missing_copy_is_a_clean_cli_error(tmp_path, capsys):
 
     code = main(["train", "--task", "lra_image", "--model", "transformer",
                  "--set", f"task.params.data_dir={tmp_path}"])
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert code == 2 and "Traceback" not in err and "cifar-10-binary.tar.gz" in err
 
 

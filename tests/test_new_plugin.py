@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from text import flat
 
 from harness.cli import scaffold
 from harness.cli.main import main
@@ -42,7 +43,7 @@ def test_every_kind_skeleton_passes_the_checks_and_lint_as_generated(tmp_path, c
 @pytest.mark.parametrize("name", ["../evil", "a/b", "Cosine", "1st", "with-dash", "class", "x" * 41, ""])
 def test_names_that_are_not_identifiers_are_refused(tmp_path, capsys, name):
     assert main(["new-plugin", "attention", name, "--out", str(tmp_path)]) == 2
-    assert "lower-case identifier" in capsys.readouterr().err
+    assert "lower-case identifier" in flat(capsys.readouterr().err)
     assert not any(tmp_path.iterdir())
 
 
@@ -50,7 +51,7 @@ def test_existing_files_are_never_overwritten(tmp_path, capsys):
     assert main(["new-plugin", "task", "mine", "--out", str(tmp_path)]) == 0
     (tmp_path / "mine.py").write_text("# my edits\n")
     assert main(["new-plugin", "task", "mine", "--out", str(tmp_path)]) == 2
-    assert "not overwriting" in capsys.readouterr().err
+    assert "not overwriting" in flat(capsys.readouterr().err)
     assert (tmp_path / "mine.py").read_text() == "# my edits\n"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from text import flat
 
 import harness
 from harness.cli.main import main
@@ -154,7 +155,8 @@ def test_too_few_seeds_warn_before_training(tmp_path, capsys):
     assert main(["study", "create", str(path)]) == 0
     err = capsys.readouterr().err
     assert "warning: with 5 confirmation seed(s) the exact sign-flip permutation test cannot " \
-           "reach the study's level 0.05" in " ".join(err.split())
+           "reach the study's level 0.05" in flat(err)
+    err = flat(err)
     assert "0.188 after the Holm correction over 3 comparisons" in err  # 3 * 2/2^5
     assert "at least 7 seeds" in err
 
@@ -165,7 +167,7 @@ def test_the_warning_names_the_fix(capsys):
 
     data = copy.deepcopy(STUDY) | {"candidates": [candidate("a"), candidate("b")]}
     _warn_seeds(parse_study_config(data | {"confirm": {"seeds": 3}}))
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "its smallest p-value is 0.25, so no difference" in err and "at least 6 seeds" in err
     assert "or confirm.test: t" in err
     for ok in ({"seeds": 6}, {"seeds": 3, "test": "t"}):
@@ -178,5 +180,5 @@ def test_the_warning_names_the_fix(capsys):
 def test_unknown_format_fails_before_anything_runs(tmp_path, capsys):
     path = write_study(tmp_path, "fmt", [candidate("a")])
     assert main(["study", "run", str(path), "--report", "--format", "docx"]) == 2
-    assert "--format: unknown format(s) docx" in capsys.readouterr().err
+    assert "--format: unknown format(s) docx" in flat(capsys.readouterr().err)
     assert not (tmp_path / ".harness" / "optuna.db").exists()

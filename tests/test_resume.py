@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
+from text import flat
 
 from harness.cli.main import main
 from harness.errors import HarnessError, Interrupted
@@ -131,7 +132,7 @@ def test_a_corrupt_checkpoint_is_detected_and_the_previous_one_used(store, capsy
     capsys.readouterr()
     found = checkpoint.latest(root)
     assert found == checkpoint.step_path(root, older)
-    text = " ".join(capsys.readouterr().err.split())  # the harness's own warning line
+    text = flat(capsys.readouterr().err)  # the harness's own warning line
     assert text.startswith("warning: ") and path.name in text and found.name in text and "SHA-256" in text
     assert load(cut).source == str(found)  # no final weights yet: the newest good checkpoint
     train(resume=cut, tracking_uri=store)
@@ -175,11 +176,11 @@ def test_bad_resumes_are_one_paragraph_exit_2_and_change_nothing(store, capsys, 
     client = MlflowClient(store)
     plain = train(config(store, checkpoint_every="off", max_steps=4))
     assert main(["train", "--resume", plain.run_id, "--tracking-uri", store]) == 2
-    assert "FINISHED: there is nothing left to resume" in " ".join(capsys.readouterr().err.split())
+    assert "FINISHED: there is nothing left to resume" in flat(capsys.readouterr().err)
     # no checkpoint: a run stopped with checkpointing off
     cut = interrupted(store, config(store, checkpoint_every="off"), 5)
     assert main(["train", "--resume", cut, "--tracking-uri", store]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "has no usable checkpoint" in err and "train.checkpoint_every" in err
     assert client.get_run(cut).info.status == "KILLED"
     # changed config: named
@@ -188,22 +189,22 @@ def test_bad_resumes_are_one_paragraph_exit_2_and_change_nothing(store, capsys, 
     changed = config(store, lr=0.5)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(changed))
     assert main(["train", "--resume", cut, str(tmp_path / "run.yaml"), "--tracking-uri", store]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "train.lr was 0.01, now 0.5" in err and "Traceback" not in err
     # a changed component: the recorded plugin version differs
     client.set_tag(cut, "harness.model.version", "0.0.1")
     assert main(["train", "--resume", cut, "--tracking-uri", store]) == 2
-    assert "harness.model.version was 0.0.1" in " ".join(capsys.readouterr().err.split())
+    assert "harness.model.version was 0.0.1" in flat(capsys.readouterr().err)
     after = client.get_run(cut)
     assert after.info.status == "KILLED" and after.data.metrics == before.data.metrics
     # a FAILED run
     client.set_terminated(cut, "FAILED")
     client.set_tag(cut, "harness.failure", "RuntimeError: boom")
     assert main(["train", "--resume", cut, "--tracking-uri", store]) == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = flat(capsys.readouterr().err)
     assert "ended FAILED (RuntimeError: boom)" in err
     assert main(["train", "--resume", "0123456789abcdef", "--tracking-uri", store]) == 2
-    assert "there is no run 0123456789abcdef" in capsys.readouterr().err
+    assert "there is no run 0123456789abcdef" in flat(capsys.readouterr().err)
     with pytest.raises(HarnessError, match="not an MLflow run id"):
         checkpoint.folder("../../etc")
 

@@ -22,6 +22,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 from servers import free_port, wait_until_healthy
+from text import flat
 
 from harness.cli.main import main
 
@@ -200,12 +201,12 @@ def test_rerun_is_a_noop_and_a_changed_file_is_refused(finished, capsys):
     other = f"sqlite:///{finished['tmp'] / 'elsewhere.db'}"
     # status reads the Optuna storage alone; a command that writes to MLflow checks the store
     assert main(["report", "tiny", "--storage", finished["storage"], "--tracking-uri", other]) == 2
-    assert "is not in the tracking store" in " ".join(capsys.readouterr().err.split())
+    assert "is not in the tracking store" in flat(capsys.readouterr().err)
     changed = yaml.safe_load(finished["path"].read_text())
     changed["budget"]["trials"] = 3
     finished["path"].write_text(yaml.safe_dump(changed))
     assert main(["study", "run", str(finished["path"]), *args]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "already exists" in flat(capsys.readouterr().err)
     assert len(trials(finished["storage"], "tiny", "tune", "mha")) == 2
 
 

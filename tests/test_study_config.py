@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from text import flat, one_paragraph
 
 import harness
 from harness.cli.main import main
@@ -226,9 +227,8 @@ def write(tmp_path: Path, data: dict[str, Any], name: str = "s.yaml") -> Path:
 def test_bad_study_exits_2_and_creates_nothing(tmp_path, harness_home, capsys):
     path = write(tmp_path, study(candidates__0__model__position__name="rotary"))
     assert main(["study", "run", str(path)]) == 2
-    err = capsys.readouterr().err
+    err = one_paragraph(capsys.readouterr().err)
     assert "candidates[0].model.position.name: unknown position 'rotary'" in err
-    assert "Traceback" not in err
     assert not harness_home.exists() or not any(harness_home.iterdir())
 
 
@@ -241,11 +241,11 @@ def test_file_name_is_the_default_study_name(tmp_path):
 
 def test_unknown_study_and_missing_storage(tmp_path, capsys):
     assert main(["study", "status", "nothing"]) == 2
-    assert "there is no study storage" in capsys.readouterr().err
+    assert "there is no study storage" in flat(capsys.readouterr().err)
     url = f"sqlite:///{tmp_path / 'o.db'}"
     optuna.create_study(study_name="something", storage=url)
     assert main(["report", "nothing", "--storage", url]) == 2
-    assert "no study named 'nothing'" in capsys.readouterr().err
+    assert "no study named 'nothing'" in flat(capsys.readouterr().err)
 
 
 def test_unreachable_storage_exits_2(tmp_path):
@@ -255,8 +255,7 @@ def test_unreachable_storage_exits_2(tmp_path):
          "postgresql+psycopg://postgres@127.0.0.1:9/none"],
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert "cannot open the Optuna storage postgresql+psycopg://postgres@127.0.0.1:9/none" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert "cannot open the Optuna storage postgresql+psycopg://postgres@127.0.0.1:9/none" in one_paragraph(out.stderr)
 
 
 # -- shipped studies ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import os
 import sys
 
 import pytest
+from text import flat
 
 from harness.cli.main import main
 from harness.runtime import devices
@@ -56,13 +57,13 @@ def test_no_gpu_or_no_assignment_leaves_the_workers_environment_alone(gpus):
 def test_more_workers_than_gpus_is_refused_before_anything_starts(gpus, tmp_path, capsys):
     gpus(2)
     code = main(["study", "run", str(tmp_path / "never-read.yaml"), "--workers", "3"])
-    err = " ".join(capsys.readouterr().err.split())  # the paragraph is wrapped
+    err = flat(capsys.readouterr().err)  # the paragraph is wrapped
     assert code == 2
     assert "--workers 3 with 1 GPU(s) per worker needs 3 GPUs; this machine shows 2 (0, 1)" in err
     assert "Use --workers 2 --gpus-per-worker 1" in err and "Traceback" not in err
     gpus(3)
     assert main(["study", "run", str(tmp_path / "x.yaml"), "--workers", "2", "--gpus-per-worker", "2"]) == 2
-    assert "Use --workers 1 --gpus-per-worker 2" in " ".join(capsys.readouterr().err.split())
+    assert "Use --workers 1 --gpus-per-worker 2" in flat(capsys.readouterr().err)
 
 
 def test_the_command_itself_is_the_first_worker_and_says_so_first(gpus, monkeypatch, tmp_path, capsys):

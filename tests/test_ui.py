@@ -27,6 +27,7 @@ import pytest
 import yaml
 from servers import free_port
 from test_study import CANDIDATE, TINY, nope
+from text import flat
 
 from harness.cli import ui
 from harness.cli.main import main
@@ -114,11 +115,11 @@ def test_a_port_held_by_another_program_is_named_with_its_owner(capsys):
         s.listen()
         port = s.getsockname()[1]
         assert main(["ui", "--port", str(port)]) == 2
-    err = " ".join(capsys.readouterr().err.split())  # one paragraph, wrapped
+    err = flat(capsys.readouterr().err)  # one paragraph, wrapped
     assert f"port {port} on 127.0.0.1 is in use by another program" in err
     assert f"pid {os.getpid()}" in err and "--port" in err and "Traceback" not in err
     assert main(["ui", "--port", "70000"]) == 2
-    assert "between 1 and 65535" in capsys.readouterr().err
+    assert "between 1 and 65535" in flat(capsys.readouterr().err)
 
 
 def test_a_left_over_mlflow_server_is_recognised(capsys):
@@ -142,7 +143,7 @@ def test_a_left_over_mlflow_server_is_recognised(capsys):
     finally:
         server.shutdown()
         server.server_close()
-    err = " ".join(capsys.readouterr().err.split())  # one paragraph, wrapped
+    err = flat(capsys.readouterr().err)  # one paragraph, wrapped
     assert f"an MLflow server already listens on http://127.0.0.1:{port}" in err
     assert f"`kill {os.getpid()}`" in err
 
@@ -230,7 +231,8 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
     lengths = [4, 6]  # the training length and task.eval_lengths
     out, err = capfd.readouterr()
     assert "progress: 1/10 trials" in out and "ETA" in out and "progress: 10/10 trials" in out
-    assert "\nverdict: " in out and "mean over 2 confirmation seed(s)" in out  # the answer, at the end
+    verdict = out[out.rindex("\nverdict:"):]  # the answer, at the end
+    assert "mean over 2 confirmation seed(s)" in flat(verdict)
     for noise in ("GPU available", "Tip:", "Creating initial MLflow database", " INFO ", "Warning"):
         assert noise not in out + err, f"library noise on the terminal: {noise!r}"
 
@@ -331,9 +333,9 @@ def test_harness_ui_shows_a_tiny_study(tmp_path, capfd, harness_home):
             history = rest(base, "metrics/get-history", run_id=run["info"]["run_id"],
                            metric_key=curve_key("loss"))["metrics"]
             assert sorted(int(m["step"]) for m in history) == lengths
-            flat = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+            metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
             assert {int(m["step"]): m["value"] for m in history} == {
-                n: flat[val_key("loss", n)] for n in lengths}
+                n: metrics[val_key("loss", n)] for n in lengths}
             for n in lengths:  # one value per run, at step 0: a bar in MLflow's charts
                 per_length = rest(base, "metrics/get-history", run_id=run["info"]["run_id"],
                                   metric_key=val_key("loss", n))["metrics"]

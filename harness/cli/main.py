@@ -64,12 +64,12 @@ def ctrl_c(at_once: str) -> Iterator[None]:
 
 
 def paragraph(text: str) -> str:
-    """A message as one wrapped paragraph, passwords masked; paths, URLs and names such as
-    UTF-8 are never broken at a hyphen or split (copy them from the terminal as they are)."""
-    from harness.errors import MAX_MESSAGE, shorten
+    """A message for stderr as one paragraph, passwords masked: wrapped at a terminal's
+    width, one line in a file or a pipe (:func:`harness.errors.fill`)."""
+    from harness.errors import MAX_MESSAGE, fill, shorten
 
     text = shorten(mask_text(text), MAX_MESSAGE)  # a backstop: echoed values are bounded where made
-    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+    return fill(" ".join(part.strip() for part in text.splitlines()))
 
 
 def report_interrupt(exc: Interrupted) -> int:
@@ -334,9 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("harness: interrupted (Ctrl-C); nothing was recorded.", file=sys.stderr)
         return 130
     except Exception as exc:
+        from harness.runtime.files import permission_denied
         from harness.store.guard import explain
 
-        error = explain(exc)  # a store that filled up or broke under the command
+        # a store that filled up or broke under the command; a path this user may not reach
+        error = explain(exc) or (permission_denied(exc) if isinstance(exc, PermissionError) else None)
         if error is None:
             raise
         print(paragraph(f"harness: error: {error}"), file=sys.stderr)

@@ -180,7 +180,15 @@ def _folder_files(folder: Path, walk: user_files.Walk | None = None, top: Path |
 
 
 def resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
-    """The files ``sources`` (files, folders, globs) name, in order, each once."""
+    """The files ``sources`` (files, folders, globs) name, in order, each once; a folder on
+    the way that this user cannot search or list is named (never a ``PermissionError``)."""
+    try:
+        return _resolve_sources(sources)
+    except PermissionError as exc:
+        raise user_files.permission_denied(exc, "the source") from None
+
+
+def _resolve_sources(sources: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for source in sources:
         text = str(source)

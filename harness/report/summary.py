@@ -51,10 +51,13 @@ class VerdictText:
     data: str = ""  # what the runs read (a prepared corpus's manifest); empty: generated data
 
     def text(self) -> str:
-        """For the terminal: the ranking and the verdict, without the Markdown marks."""
-        import textwrap
+        """For stdout: the ranking and the verdict, without the Markdown marks (wrapped at a
+        terminal only: :func:`harness.errors.fill`)."""
+        import sys
 
-        return "\n".join(textwrap.fill(part.replace("**", ""), 100, subsequent_indent="  ")
+        from harness.errors import fill
+
+        return "\n".join(fill(part.replace("**", ""), sys.stdout, indent="  ")
                          for part in (f"verdict: {self.title}", self.headline))
 
 

@@ -9,7 +9,9 @@
   dataset's ``state.json``, a link to ``/etc``); :class:`Walk` visits each real folder once,
   so a link loop (``loop -> .``) is not followed twice.
 * **Every failure a :class:`~harness.errors.ConfigError`** naming the file: missing, a dangling
-  link, not readable (permissions), not a regular file.
+  link, not readable (permissions), not a regular file. A folder this user cannot search or
+  list makes even asking whether a file exists fail (``PermissionError``):
+  :func:`permission_denied` names the folder that blocks the way and the user.
 
 The parsers above this layer (:mod:`harness.data.readers`) turn decompression and parse errors
 into ``file F, line N: what is wrong`` with :func:`read_problem`.
@@ -120,6 +122,37 @@ def listing(folder: Path) -> list[Path]:
     except OSError as exc:
         raise ConfigError(f"folder {folder} cannot be listed ({exc.strerror or exc}). Check its "
                           f"permissions.") from None
+
+
+def permission_denied(exc: OSError, what: str = "the path") -> ConfigError:
+    """The error for a ``PermissionError`` met while reaching ``exc.filename``: the first
+    folder on its way that this user cannot search (or the path itself, unreadable), the
+    user, and what to do; nothing was written."""
+    import getpass
+
+    target = Path(os.fsdecode(exc.filename)) if exc.filename is not None else None
+    blocked = target
+    if target is not None:
+        for folder in reversed(target.absolute().parents):  # from the root down
+            if not os.access(folder, os.X_OK):
+                blocked = folder
+                break
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid: its number
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "this user"
+    if target is None:
+        problem = f"{what} cannot be reached by user {user} (permission denied)"
+        fix = f"Give {user} access"
+    elif blocked == target:
+        problem = f"{what} {target} cannot be read by user {user} (permission denied)"
+        fix = f"Give {user} access (`chmod u+r {target}` if it is yours, or ask its owner)"
+    else:
+        problem = (f"{what} {target} cannot be reached: user {user} may not search the folder "
+                   f"{blocked} (permission denied)")
+        fix = f"Give {user} access (`chmod u+rx {blocked}` if it is yours, or ask its owner)"
+    return ConfigError(f"{problem}, so nothing was read or written. {fix}, or run the command "
+                       f"as a user who has it.")
 
 
 def read_problem(exc: BaseException) -> str | None:

@@ -35,6 +35,10 @@ HELD = {"mlflow": "runs", "optuna": "studies"}
 QUICK_CHECK_MAX_BYTES = 64 * 2**20
 #: a store is not opened for writing on a disk with less room than this
 MIN_FREE_BYTES = 4 * 2**20
+#: an empty file is given this long to grow before it is called damaged: SQLite makes the
+#: file when another program (mlflow ui, a notebook's MlflowClient) connects, and writes it
+#: when that program creates the schema, moments later
+EMPTY_WAIT_S = 2.0
 
 
 class StoreError(HarnessError):
@@ -72,8 +76,12 @@ def check_sqlite(path: Path, store: str) -> None:
     except OSError as exc:
         raise StoreError(f"the {WHAT[store]} {path} cannot be read ({exc.strerror}); nothing was "
                          f"written. Check its permissions.") from None
-    if size == 0:
-        raise damaged(path, store, "is empty (0 bytes: a crash or a full disk can leave one)")
+    if size == 0:  # or just made by another program's connection, its schema moments away
+        size = _grown(path, EMPTY_WAIT_S)
+        if size == 0:
+            raise damaged(path, store, "is empty (0 bytes: a crash or a full disk can leave one)")
+        with open(path, "rb") as fh:
+            header = fh.read(100)
     if len(header) < 100 or not header.startswith(MAGIC):
         raise damaged(path, store, "is not a SQLite database (it was overwritten or is another "
                                    "kind of file)")
@@ -107,6 +115,21 @@ def check_sqlite(path: Path, store: str) -> None:
         raise StoreError(f"the {WHAT[store]} {path} holds {kind} (tables: {listed}), so it was "
                          f"not opened and nothing was written. Give the right file (--storage "
                          f"for Optuna, --tracking-uri for MLflow).")
+
+
+def _grown(path: Path, wait_s: float) -> int:
+    """The size of ``path`` once it is no longer empty, or 0 after ``wait_s`` seconds."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return 0
+        if size or time.monotonic() > deadline:
+            return size
+        time.sleep(0.05)
 
 
 def check_writable(path: Path, store: str) -> None:

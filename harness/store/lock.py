@@ -15,13 +15,26 @@ Every store the harness opens is therefore opened under :func:`schema_lock`:
 The lock is held only while the store is opened (milliseconds once the schema exists).
 A SQLite store is checked first (:mod:`harness.store.guard`): one that exists but is empty,
 damaged or another program's is refused, never recreated; so is one that cannot be written.
+
+The lock orders harness processes only: a plain ``mlflow ui``, a notebook's ``MlflowClient``
+or optuna-dashboard opening the same new database creates its schema without asking.
+:func:`open_store` therefore publishes a new SQLite store whole and waits for one that
+another program is creating (:mod:`harness.store.creating`); and where a schema is still
+created in place (PostgreSQL, whose migrations run in one transaction), an opening that
+fails because another program created the schema at the same moment (``already exists``,
+``duplicate column``, a locked database, a schema between migrations) is tried again, for
+up to :data:`CREATING_WAIT_S`: the other program's store is waited for, never a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Advisory-lock keys (any 64-bit values no other program uses: "harness!" and "harnessM").
 KEYS = {"optuna": int.from_bytes(b"harness!", "big") & (2**63 - 1),
@@ -52,6 +65,60 @@ def schema_lock(url: str, store: str) -> Iterator[None]:
             yield
     else:
         yield
+
+
+#: how long an opening waits for a schema that another program is creating
+CREATING_WAIT_S = 120.0
+#: how long a schema that is not the current version may take to become it (another program
+#: migrating it); past this it is an old store (``mlflow db upgrade``), refused at once
+MIGRATING_WAIT_S = 10.0
+#: what SQLite, PostgreSQL and Alembic say when two programs create one schema at once
+_CREATING = ("already exists", "duplicate column", "duplicate key", "database is locked",
+             "unique constraint failed", "uniqueviolation", "duplicatetable", "duplicatecolumn",
+             "online migration expected to match one row")
+
+
+def being_created(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception behind it) says another program is creating the
+    schema at this moment."""
+    from harness.errors import exception_chain
+
+    return any(any(words in f"{type(node).__name__} {node}".lower() for words in _CREATING)
+               for node in exception_chain(exc))
+
+
+def _out_of_date(exc: BaseException) -> bool:
+    """MLflow's "out-of-date database schema": tables made, the migrations still running."""
+    return "out-of-date database schema" in str(exc)
+
+
+def open_store(url: str, store: str, opener: Callable[[], T], wait_s: float = CREATING_WAIT_S) -> T:
+    """``opener()`` under :func:`schema_lock`, a new SQLite store published whole first and one
+    another program is creating waited for (:mod:`harness.store.creating`); when the opening
+    fails because another program is creating the schema at the same moment, wait and open
+    again (its schema then exists and is opened as it is), for up to ``wait_s`` seconds."""
+    from harness.errors import HarnessError
+    from harness.store import creating
+
+    started = time.monotonic()
+    delay = 0.1
+    path = sqlite_file(url)
+    while True:
+        try:
+            with schema_lock(url, store):
+                if path is not None and not creating.publish_new(path, store):
+                    creating.wait_for_creator(path, store, wait_s)  # another program's, maybe half made
+                return opener()
+        except HarnessError:
+            raise
+        except Exception as exc:
+            waited = time.monotonic() - started
+            # a schema between migrations: SQLite stores were waited for above (an old one is not)
+            retry = being_created(exc) or (path is None and _out_of_date(exc) and waited < MIGRATING_WAIT_S)
+            if not retry or waited > wait_s:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 @contextlib.contextmanager

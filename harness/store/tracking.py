@@ -243,13 +243,14 @@ class Tracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            from harness.store.lock import schema_lock
+            from harness.store.lock import open_store
 
             if self.uri.startswith(("http://", "https://")) and self.uri not in _reachable:
                 probe_server(self.uri)  # seconds, not MLflow's minutes of retries
                 _reachable.add(self.uri)
-            with schema_lock(self.uri, "mlflow"):  # an empty database gets its schema once
-                self._client = MlflowClient(tracking_uri=self.uri)
+            # an empty database gets its schema once, also when another MLflow client (mlflow
+            # ui, a notebook) creates it at the same moment: that one is waited for
+            self._client = open_store(self.uri, "mlflow", lambda: MlflowClient(tracking_uri=self.uri))
         return self._client
 
     def experiment_id(self, name: str) -> str:

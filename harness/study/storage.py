@@ -24,7 +24,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.keys import Attr, Phase, Tag, val_key
 from harness.store import tracking
 from harness.store.guard import check_sqlite
-from harness.store.lock import schema_lock, sqlite_file
+from harness.store.lock import open_store, sqlite_file
 from harness.store.masking import mask_url
 from harness.study.schema import COSTS, NAME_PATTERN, StudyConfig, parse_study_config
 from harness.study.space import StudySpace
@@ -77,14 +77,32 @@ def default_storage_url() -> str:
 redact = mask_url
 
 
+#: Optuna's experimental features the harness itself chose (heartbeats, their retry callback,
+#: failing stale trials): Optuna's warnings about them would reach every user at every start
+HARNESS_CHOSEN = ("RetryHeartbeatStaleTrialCallback", "heartbeat_interval", "fail_stale_trials")
+
+
 @contextlib.contextmanager
 def quiet_experimental() -> Iterator[None]:
+    """Optuna's warnings about the experimental features in :data:`HARNESS_CHOSEN` silenced
+    (only those: a user's own experimental call still warns)."""
     import optuna
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for name in HARNESS_CHOSEN:
+            warnings.filterwarnings("ignore", f".*{name}.* experimental",
+                                    optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", ".*Heartbeat of storage.*")
         yield
+
+
+def retry_callback(max_retry: int | None) -> Any:
+    """Optuna's callback that re-enqueues a trial whose worker stopped (died, or was stopped
+    by a signal), keeping its reports: the one place the harness makes it."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with quiet_experimental():
+        return RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
 
 
 def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int | None = None,
@@ -92,7 +110,7 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
     """An Optuna RDB storage (SQLite by default). With ``heartbeat_s``, running trials record
     heartbeats and stale ones are re-enqueued up to ``max_retry`` times. ``read_only``: no
     schema check or creation, and a SQLite file opened read-only (for status and listings)."""
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import RDBStorage
 
     url = url or storage_url()
     if (must_exist or read_only) and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
@@ -114,13 +132,14 @@ def open_storage(url: str | None, heartbeat_s: int | None = None, grace_s: int |
             with storage.engine.connect():  # a wrong password or a closed port: here, not later
                 pass
             return storage
-        with quiet_experimental(), schema_lock(url, "optuna"):
+        with quiet_experimental():
             # a retried trial keeps its reports (pruning decisions stay) and resumes from its
             # checkpoint when it has one (harness.study.worker)
-            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True) \
-                if heartbeat_s else None
-            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                              grace_period=grace_s, heartbeat_stale_trial_callback=retry)
+            retry = retry_callback(max_retry) if heartbeat_s else None
+            # a schema another Optuna client (optuna-dashboard) creates at the same moment: waited for
+            return open_store(url, "optuna", lambda: RDBStorage(
+                url, engine_kwargs=engine, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                heartbeat_stale_trial_callback=retry))
     except HarnessError:
         raise
     except Exception as exc:  # sqlalchemy connection/URL errors, a missing driver

@@ -39,6 +39,7 @@ from harness.study.storage import (
     StudyHandle,
     claim_slot,
     heartbeat,
+    retry_callback,
 )
 
 
@@ -278,9 +279,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                   "preempted (SIGUSR1; checkpointed)" if preempted else "interrupted (Ctrl-C or SIGTERM)")
             retry = handle.storage.get_heartbeat_stale_trial_callback()
             if preempted:
-                from optuna.storages import RetryHeartbeatStaleTrialCallback
-
-                retry = RetryHeartbeatStaleTrialCallback(max_retry=None, inherit_intermediate_values=True)
+                retry = retry_callback(max_retry=None)
             if retry is not None:  # re-enqueue it like a trial whose worker died
                 retry(study, handle.storage.get_trial(trial_id))
             raise
