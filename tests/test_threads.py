@@ -110,3 +110,30 @@ def test_study_run_sets_the_policy_before_torch_loads(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == ["PASSIVE"], out.stderr
+
+
+def test_a_run_never_starts_more_threads_than_cores_and_gives_torch_its_setting_back(tmp_path: Path) -> None:
+    """``train.num_threads: 4096`` on a 2-core machine once left about 8,000 idle OpenMP threads
+    in the caller's process for good (every thread torch starts stays alive: the default test
+    run grew to 4,100 threads, past a container's pids limit). The run uses the usable cores,
+    says so in one warning, and hands torch back the count it had; in a fresh process, so the
+    threads counted are this run's."""
+    code = f"""
+import os, sys, torch, harness
+from harness.runtime.threads import usable_cores
+torch.set_num_threads(1)
+result = harness.train({{"task": {{"name": "copy", "params": {{"length": 6, "num_train": 16, "num_val": 4}}}},
+    "model": {{"name": "lstm", "params": {{"width": 8}}}},
+    "train": {{"max_steps": 2, "batch_size": 4, "num_threads": 4096, "progress": False, "val_every": 2}},
+    "tracking": {{"uri": "sqlite:///{tmp_path}/m.db"}}}})
+print("THREADS", len(os.listdir("/proc/self/task")), usable_cores(), torch.get_num_threads())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("THREADS"))
+    count, cores, after = (int(v) for v in line.split()[1:])
+    assert after == 1  # the caller's setting, given back
+    assert count < 4 * cores + 64, line  # OpenMP's pool of at most the cores, not 4,096
+    warning = " ".join(done.stderr.split())
+    assert f"train.num_threads (4096) is more than the {cores} usable cores: the run uses {cores}" in warning

@@ -15,7 +15,7 @@ from typing import Any
 from harness.data.tasks import Task, TaskInfo
 from harness.errors import ConfigError, HarnessError, OutOfMemory, PluginError, shorten
 from harness.run.plan import Component, ModelParts, Plan
-from harness.runtime.threads import worker_threads
+from harness.runtime.threads import run_threads
 
 
 @dataclass
@@ -41,7 +41,7 @@ def build(p: Plan, check: Callable[[TaskInfo], Any] | None = None) -> Built:
     info = task_info(p, task)
     if check is not None:
         check(info)
-    threads = t.num_threads or worker_threads()  # a study worker splits the cores (harness.runtime.threads)
+    threads = run_threads(t.num_threads)  # a study worker splits the cores (harness.runtime.threads)
     if threads:
         torch.set_num_threads(threads)
     L.seed_everything(t.seed, workers=True, verbose=False)

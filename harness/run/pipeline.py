@@ -43,6 +43,7 @@ from harness.run.resources import check_data, check_memory
 from harness.run.sanity import meaningless
 from harness.runtime.devices import device_tags, run_device
 from harness.runtime.memory import PeakMemory
+from harness.runtime.threads import torch_threads_kept
 from harness.store import tracking
 from harness.store.masking import mask_url
 
@@ -120,6 +121,7 @@ def train(
         extra_tags = {**(extra_tags or {}), Tag.WARNINGS: "; ".join(warned)}
     resumed = None
     with contextlib.ExitStack() as held:
+        held.enter_context(torch_threads_kept())  # the caller's process keeps its own setting
         if run is not None:
             from harness.run.resume import prepare, resume_lock
 

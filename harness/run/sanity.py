@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.run.plan import Plan
+from harness.runtime.threads import usable_cores
 
 #: the largest learning rate and weight decay a run is trained with without a warning
 MAX_SENSIBLE_LR = 1.0
@@ -73,6 +74,9 @@ def meaningless(p: Plan) -> list[str]:
     if t.max_time_s is not None and t.max_time_s < MIN_SENSIBLE_TIME_S:
         out.append(f"train.max_time_s ({t.max_time_s:g} s) ends the training before it can take "
                    f"a step")
+    if t.num_threads is not None and t.num_threads > usable_cores():
+        out.append(f"train.num_threads ({t.num_threads}) is more than the {usable_cores()} usable "
+                   f"cores: the run uses {usable_cores()}")
     if t.label_smoothing >= MAX_SENSIBLE_SMOOTHING:
         out.append(f"train.label_smoothing ({t.label_smoothing:g}) puts at least half of every "
                    f"target's probability on other tokens: there is little left to learn")

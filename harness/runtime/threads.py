@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _registered: Path | None = None
@@ -96,3 +96,24 @@ def worker_threads() -> int | None:
     if _registered is None:
         return None
     return max(1, usable_cores() // max(1, local_workers(_registered)))
+
+
+def run_threads(asked: int | None) -> int | None:
+    """The torch CPU threads a run uses: ``train.num_threads`` (or a worker's share), never more
+    than the usable cores. More would only oversubscribe them, and every OpenMP thread torch
+    ever starts stays alive, idle, for the rest of the process (a library call asked for 4,096
+    threads left 8,000 behind in the caller's process). None: torch's default."""
+    threads = asked or worker_threads()
+    return min(threads, usable_cores()) if threads else None
+
+
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Give torch back the thread count it had when the block started (a run sets its own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

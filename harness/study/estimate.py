@@ -68,12 +68,13 @@ def run_seconds(run: dict[str, Any], registry: Any) -> tuple[float, float]:
     from harness.run.pipeline import with_budget_steps
     from harness.run.plan import plan
     from harness.run.system import HarnessSystem, masked_stats
+    from harness.runtime.threads import run_threads
 
     p = with_budget_steps(plan(parse_run_config(run), registry))
     t = p.config.train
     threads = torch.get_num_threads()
     if t.num_threads:
-        torch.set_num_threads(int(t.num_threads))
+        torch.set_num_threads(run_threads(t.num_threads) or threads)
 
     def timed(fn: Any, repeat: int) -> float:
         times = []
