@@ -70,6 +70,8 @@ DELTA = 4
 #: an initialisation exponent is read from parameters of at least this many entries at the
 #: base width, and only when it lies within SNAP of a multiple of 1/2
 MIN_SAMPLE, SNAP = 64, 0.15
+#: at most this many draws of the base and delta models pool their stds (small vectors)
+MAX_DRAWS = 8
 
 
 @dataclass(frozen=True)
@@ -143,36 +145,42 @@ def _is_readout(weight: Tensor) -> bool:
     return len(shape) == 2 and shape[1].isinf() and not shape[0].isinf()
 
 
-def _std(p: Tensor) -> float:
-    return float(p.detach().double().std()) if p.numel() > 1 and p.is_floating_point() else 0.0
+def _std(draws: list[Tensor]) -> float:
+    """The std of one parameter over its draws (their variances pooled)."""
+    if draws[0].numel() < 2 or not draws[0].is_floating_point():
+        return 0.0
+    return math.sqrt(sum(float(p.detach().double().var()) for p in draws) / len(draws))
 
 
-def init_exponent(base: Tensor, delta: Tensor, mult: float) -> float | None:
+def init_exponent(base: list[Tensor], delta: list[Tensor], mult: float) -> float | None:
     """The power of the width multiplier the plugin's initialisation of one parameter
-    follows (its std at the delta width over the base's), snapped to a multiple of 1/2; None
-    where that cannot be told: a constant initialisation, a dimension that did not grow, fewer
-    than ``MIN_SAMPLE`` entries at the base width (a per-head vector: its std is too noisy to
-    read an exponent from, and such draws do not depend on width), or a measured exponent
-    more than ``SNAP`` from a multiple of 1/2."""
+    follows (its std at the delta width over the base's, each pooled over its draws), snapped
+    to a multiple of 1/2; None where that cannot be told: a constant initialisation, a
+    dimension that did not grow, fewer than ``MIN_SAMPLE`` entries over the base's draws (a
+    per-head vector: its std is too noisy to read an exponent from, and such draws do not
+    depend on width), or a measured exponent more than ``SNAP`` from a multiple of 1/2."""
     s0, s1 = _std(base), _std(delta)
-    if s0 <= 0 or s1 <= 0 or mult == 1 or base.numel() < MIN_SAMPLE:
+    if s0 <= 0 or s1 <= 0 or mult == 1 or sum(p.numel() for p in base) < MIN_SAMPLE:
         return None
     measured = math.log(s1 / s0) / math.log(mult)
     snapped = round(2 * measured) / 2
     return snapped if abs(measured - snapped) <= SNAP else None
 
 
-def apply(model: nn.Module, base: nn.Module, delta: nn.Module, width_mult: float) -> dict[str, Role]:
-    """Give ``model`` μP, its roles found from ``base`` (built at the base shape) and ``delta``
-    (built at ``DELTA`` times it): infshapes, initialisation, readout multipliers, attention
-    scales and fixed multipliers (see the module docs). ``width_mult``: the model's width over
-    the base's, the multiplier of parameters none of whose dimensions grow (a readout's bias:
-    PyTorch initialises it from the fan-in). Returns the role of every parameter (also kept
-    as ``model.mup_roles``)."""
+def apply(model: nn.Module, bases: list[nn.Module], deltas: list[nn.Module], width_mult: float) -> dict[str, Role]:
+    """Give ``model`` μP, its roles found from ``bases`` (drawn at the base shape) and
+    ``deltas`` (at ``DELTA`` times it; :func:`build`): infshapes, initialisation, readout
+    multipliers, attention scales and fixed multipliers (see the module docs). ``width_mult``:
+    the model's width over the base's, the multiplier of parameters none of whose dimensions
+    grow (a readout's bias: PyTorch initialises it from the fan-in). Returns the role of every
+    parameter (also kept as ``model.mup_roles``)."""
     import torch
     from mup import set_base_shapes
 
+    base, delta = bases[0], deltas[0]
     names, base_p, delta_p = _named(model), _named(base), _named(delta)
+    base_draws = [_named(b) for b in bases]
+    delta_draws = [_named(d) for d in deltas]
     if not (names.keys() == base_p.keys() == delta_p.keys()):
         odd = sorted(set(names) ^ set(base_p) | set(names) ^ set(delta_p))[:4]
         raise ValueError(f"μP needs the same parameters at every width; built at the base and "
@@ -190,7 +198,8 @@ def apply(model: nn.Module, base: nn.Module, delta: nn.Module, width_mult: float
             finite = shape.ninf() == 0
             mult = width_mult if finite else float(shape.width_mult())
             grown = float(DELTA if finite else delta_p[name].infshape.width_mult())  # type: ignore[attr-defined]
-            exponent, factor = init_exponent(base_p[name], delta_p[name], grown), 1.0
+            exponent = init_exponent([d[name] for d in base_draws], [d[name] for d in delta_draws], grown)
+            factor = 1.0
             if exponent is not None and mult != 1:
                 factor = mult ** (TARGET_EXPONENT[role] - exponent)
                 if factor != 1:
@@ -225,11 +234,22 @@ def _module_multipliers(model: nn.Module, base: nn.Module) -> None:
             setattr(module, attr, getattr(ref, attr))
 
 
-def build(make: Callable[[dict[str, int]], nn.Module], base: dict[str, int]) -> tuple[nn.Module, nn.Module]:
+def build(make: Callable[[dict[str, int]], nn.Module], base: dict[str, int]) -> tuple[list[nn.Module], list[nn.Module]]:
     """The base and delta models (``make(params)`` builds the model with ``params`` over its
     own), drawn from a forked random state so that building them leaves the run's draws as
-    they were."""
+    they were; more draws of both (up to ``MAX_DRAWS``) when a parameter that grows has fewer
+    than ``MIN_SAMPLE`` entries at the base (a bias at base width 32), so that its
+    initialisation's exponent can be read from the pooled draws."""
     import torch
 
+    delta = {k: DELTA * v for k, v in base.items()}
     with torch.random.fork_rng(devices=[]):
-        return make(dict(base)), make({k: DELTA * v for k, v in base.items()})
+        bases, deltas = [make(dict(base))], [make(delta)]
+        sizes = [p.numel() for (_, p), (_, q) in zip(bases[0].named_parameters(), deltas[0].named_parameters(),
+                                                      strict=False) if p.shape != q.shape]
+        draws = min(MAX_DRAWS, math.ceil(MIN_SAMPLE / min(sizes))) if sizes else 1
+        for k in range(1, draws):
+            torch.manual_seed(k)
+            bases.append(make(dict(base)))
+            deltas.append(make(delta))
+    return bases, deltas

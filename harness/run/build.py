@@ -157,10 +157,10 @@ def with_mup(built: Any, parts: ModelParts, kwargs: dict[str, Any]) -> None:
     from harness.nn import parametrization
 
     spec, params = parts.model.spec, parts.model.params
-    base, delta = parametrization.build(
+    bases, deltas = parametrization.build(
         lambda values: spec.build(dataclasses.replace(params, **values), **kwargs), parts.base)
     name, value = next(iter(parts.base.items()))
-    parametrization.apply(built, base, delta, getattr(params, name) / value)
+    parametrization.apply(built, bases, deltas, getattr(params, name) / value)
 
 
 def count_parameters(model: Any) -> int:

@@ -76,8 +76,9 @@ class CoordResult:
 
 
 def model_config(registry: Registry, kind: str, name: str, width: int, parametrization: str,
-                 base: int, params: dict[str, Any] | None = None) -> Any:
-    """The model config that carries the plugin at ``width``."""
+                 base: int, params: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The model config that carries the plugin at ``width``, and the batch format it trains
+    on (``lm``; ``tagging`` for a layer that runs only bidirectionally)."""
     from harness.config import ComponentConfig, ModelConfig
 
     params = dict(params or {})
@@ -91,18 +92,18 @@ def model_config(registry: Registry, kind: str, name: str, width: int, parametri
                      and not spec.default_attention else None)
         if mup:
             mup["base"] = {width_param: base}
-        return ModelConfig(name=name, params={**params, width_param: width},
-                           attention=ComponentConfig(name=attention) if attention else None, **mup)
+        kinds = spec.task_kinds
+        return (ModelConfig(name=name, params={**params, width_param: width},
+                            attention=ComponentConfig(name=attention) if attention else None, **mup),
+                "lm" if "lm" in kinds else sorted(kinds)[0])
+    if kind not in ("mixer", "attention"):
+        raise NotApplicable(f"a {kind} has no width of its own: check the models and layers that use it")
     if mup:
         mup["base"] = {"d_model": base}
     layer = ComponentConfig(name=name, params=params)
-    return ModelConfig(name="transformer", params={"d_model": width, "layers": 2, "heads": 4},
-                       **{"mixer" if kind == "mixer" else "attention": layer}, **mup)
-
-
-def _format(registry: Registry, cfg: Any) -> str:
-    kinds = registry.get("model", cfg.name).task_kinds
-    return "lm" if "lm" in kinds else sorted(kinds)[0]
+    causal = "causal" in (registry.get(kind, name).directions or ())
+    return (ModelConfig(name="transformer", params={"d_model": width, "layers": 2, "heads": 4},
+                        **{kind: layer}, **mup), "lm" if causal else "tagging")
 
 
 def _batch(fmt: str, seed: int) -> dict[str, Any]:
@@ -187,8 +188,7 @@ def coord_check(registry: Registry, kind: str, name: str, *, parametrization: st
     parametrization; μP's base width is the smallest of ``widths``."""
     result = CoordResult(name, parametrization, tuple(widths), steps)
     for i, width in enumerate(widths):
-        cfg = model_config(registry, kind, name, width, parametrization, widths[0], params)
-        fmt = _format(registry, cfg)
+        cfg, fmt = model_config(registry, kind, name, width, parametrization, widths[0], params)
         runs = [record(build(registry, cfg, fmt, seed), fmt, steps=steps, lr=lr, optimizer=optimizer, seed=seed)
                 for seed in range(seeds)]
         for layer in runs[0]:
@@ -223,7 +223,7 @@ def figure(results: list[CoordResult], path: str | Path) -> Path:
                              squeeze=False, sharey="row")
     for row, result in zip(axes, results, strict=True):
         for t, ax in enumerate(row):
-            for layer, per_width in result.sizes.items():
+            for per_width in result.sizes.values():
                 ax.plot(result.widths, [s[t] for s in per_width], marker=".", linewidth=0.8, alpha=0.7)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
