@@ -179,7 +179,45 @@ def report(results: list[dict[str, Any]], args: Any) -> list[str]:
                     for w, b, f in zip(args.widths, bests, fits, strict=True))
                 + f" | {moves:g} | " + ", ".join(f"{v:.3f}" for v in best_loss)
                 + f" | {'yes' if never_worse else 'no'} |")
-    return summary + [""] + lines
+    return summary + [""] + transferred(results, args) + [""] + lines
+
+
+def base_optimum(results: list[dict[str, Any]], model: str, base: int) -> float | None:
+    """The grid's best log2 lr at the base width (where both parametrizations coincide)."""
+    return optimum({r["lr"]: r["val_loss"] for r in results if r["model"] == model and r["width"] == base})[0]
+
+
+def transfer_lrs(results: list[dict[str, Any]], model: str, args: Any) -> dict[str, dict[int, float]]:
+    """What a study tuning at the base width runs at each width: the base's best lr unchanged
+    (standard, and μP), and the ``scaled`` rule's lr x base / width (standard)."""
+    best = base_optimum(results, model, args.base)
+    if best is None:
+        return {}
+    return {"standard, same lr": {w: 2.0**best for w in args.widths},
+            "standard, rule scaled (lr x base/width)": {w: 2.0**best * args.base / w for w in args.widths},
+            "mup, same lr": {w: 2.0**best for w in args.widths}}
+
+
+def transferred(results: list[dict[str, Any]], args: Any) -> list[str]:
+    """The loss a study that tunes at the base width gets at each width, per transfer."""
+    out = ["### Tuned at the base width, run at each width", "",
+           f"The lr that is best at width {args.base} (both parametrizations coincide there), carried to "
+           "each width as a study would carry it; validation loss, and in brackets how far it lies "
+           "above that width's best over the grid of the same parametrization.", "",
+           "| model | transfer | " + " | ".join(f"w={w}" for w in args.widths) + " |",
+           "|---|---|" + "---|" * len(args.widths)]
+    for model in args.models:
+        for how, lrs in transfer_lrs(results, model, args).items():
+            par = how.split(",")[0]
+            cells = []
+            for w in args.widths:
+                here = [r for r in results if r["model"] == model and r["width"] == w
+                        and (r["parametrization"] == par or w == args.base)]
+                v = next((r["val_loss"] for r in here if r["lr"] == lrs[w]), None)
+                best = min((r["val_loss"] for r in here), default=math.inf)
+                cells.append("-" if v is None else f"{v:.3f} (+{v - best:.3f})")
+            out.append(f"| {model} | {how} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> int:
@@ -199,6 +237,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--raw", default="benchmarks/mup_transfer_raw.jsonl", help="finished runs (JSON lines)")
     ap.add_argument("--output", default="-", help="the Markdown record ('-': print only)")
+    ap.add_argument("--report-only", action="store_true", help="no training: the record from --raw's runs")
     args = ap.parse_args()
     args.base = min(args.widths)
 
@@ -221,6 +260,8 @@ def main() -> int:
         if key(job) in finished:
             row = finished[key(job)]
             return row["val_loss"], row
+        if args.report_only:
+            return math.inf, job
         out = train_one(run_config(model, width, par, args.base, lr, args), registry)
         row = {**job, **out}
         finished[key(row)] = row
@@ -237,6 +278,14 @@ def main() -> int:
                 if par == "mup" and width == args.base and "standard" in args.parametrizations:
                     continue  # the same model as the standard one at the base width
                 bracket(functools.partial(lambda m, p, w, lr: run(m, p, w, lr)[0], model, par, width), args)
+    for model in args.models:  # what a study tuning at the base width would run, where not run yet
+        for how, lrs in transfer_lrs(done, model, args).items():
+            par = how.split(",")[0]
+            if par not in args.parametrizations:
+                continue
+            for width, lr in lrs.items():
+                if not (width == args.base and par == "mup" and "standard" in args.parametrizations):
+                    run(model, par, width, lr)
     results = [r for r in done if r["steps"] == args.steps and r["seed"] == args.seed]
     seconds = (datetime.now(UTC) - started).total_seconds()
     text = "\n".join([

@@ -9,7 +9,7 @@ import pytest
 
 import harness
 from harness.cli.main import main
-from harness.testing import coord
+from harness.testing import CoordinateChecks, coord
 
 FAST = {"widths": (32, 64, 128, 256), "steps": 3, "seeds": 1}
 
@@ -123,3 +123,10 @@ def test_every_builtin_model_and_mixer_is_flat_under_mup(kind, name):
     reg = harness.load_plugins()
     result = coord.coord_check(reg, kind, name, parametrization="mup", **FAST)
     assert result.passed, result.verdict()
+
+
+class TestCoordinateChecksOnGLA(CoordinateChecks):
+    """The kit's class, as a plugin's test suite subclasses it."""
+
+    kind = "mixer"
+    plugin = "gla"

@@ -222,3 +222,9 @@ def test_a_run_under_mup_reloads_to_the_logged_validation_loss(tmp_path, monkeyp
     standard, _ = built(64)  # the same weights without μP's multipliers: another function
     standard.load_state_dict(model.state_dict())
     assert abs(loss(standard.eval()) - result.metrics["val/loss"]) > 1e-3
+
+
+def test_mup_with_fsdp_is_refused_before_anything_runs():
+    cfg = {"task": CHAR, "model": model_cfg(64, "mup"), "train": {"strategy": "fsdp"}}
+    with pytest.raises(ConfigError, match="train.strategy: ddp"):
+        plan(parse_run_config(cfg), REG)

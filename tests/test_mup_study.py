@@ -14,6 +14,7 @@ import yaml
 
 from harness.cli.main import main
 from harness.errors import ConfigError
+from harness.keys import Attr
 
 CANDIDATES = [
     {"name": "att", "model": {"name": "transformer", "params": {"layers": 1, "heads": 2, "d_model": 32, "ffn_mult": 2},
@@ -53,7 +54,7 @@ def load(path):
 def configs(storage: str, name: str, cand: str, phase: str) -> list[dict[str, Any]]:
     study = optuna.load_study(study_name=f"{name}/{cand}" + ("/confirm" if phase == "confirm" else ""),
                               storage=storage)
-    return [t.user_attrs["harness.config"] for t in study.get_trials() if "harness.config" in t.user_attrs]
+    return [t.user_attrs[Attr.CONFIG] for t in study.get_trials() if Attr.CONFIG in t.user_attrs]
 
 
 def test_an_ordinary_study_tunes_small_and_confirms_at_full_width(tmp_path, monkeypatch):

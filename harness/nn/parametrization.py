@@ -147,8 +147,8 @@ def _is_readout(weight: Tensor) -> bool:
 
 def _std(draws: list[Tensor]) -> float:
     """The std of one parameter over its draws (their variances pooled)."""
-    if draws[0].numel() < 2 or not draws[0].is_floating_point():
-        return 0.0
+    if draws[0].numel() < 2 or not draws[0].is_floating_point() or draws[0].is_meta:
+        return 0.0  # (a model built on the meta device, to count FLOPs: no values to rescale)
     return math.sqrt(sum(float(p.detach().double().var()) for p in draws) / len(draws))
 
 

@@ -89,10 +89,11 @@ def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     fused = {"fused": True} if use_fused(decay + no_decay) else {}
+    opt: Any
     if any(hasattr(p, "infshape") for p in decay + no_decay):
         opt = mup_optimizer(groups, cfg, fused)
     elif cfg.optimizer == "adamw":
-        opt: Any = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "adam":
         opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "sgd":

@@ -298,6 +298,10 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
     check_documents(task, parts.model)
+    if parts.parametrization == "mup" and config.train.strategy == "fsdp":
+        raise ConfigError("model.parametrization: mup gives each parameter its own learning rate "
+                          "by role, which FSDP's flattened parameters cannot carry; train μP with "
+                          "train.strategy: ddp (or auto), or the standard parametrization with fsdp.")
     if config.train.kernels == "fla":  # refused before anything is built
         from harness.nn import fast_path
         from harness.runtime import devices

@@ -79,10 +79,9 @@ def model_config(registry: Registry, kind: str, name: str, width: int, parametri
                  base: int, params: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The model config that carries the plugin at ``width``, and the batch format it trains
     on (``lm``; ``tagging`` for a layer that runs only bidirectionally)."""
-    from harness.config import ComponentConfig, ModelConfig
+    from harness.config import ModelConfig
 
     params = dict(params or {})
-    mup = {"parametrization": parametrization} if parametrization != "standard" else {}
     if kind == "model":
         spec = registry.get("model", name)
         width_param = spec.width_param
@@ -90,20 +89,19 @@ def model_config(registry: Registry, kind: str, name: str, width: int, parametri
             raise NotApplicable(f"model '{name}' declares no width_param: it has no width to grow")
         attention = ("multi_head" if spec.uses_attention and spec.attention_required
                      and not spec.default_attention else None)
-        if mup:
-            mup["base"] = {width_param: base}
-        kinds = spec.task_kinds
-        return (ModelConfig(name=name, params={**params, width_param: width},
-                            attention=ComponentConfig(name=attention) if attention else None, **mup),
-                "lm" if "lm" in kinds else sorted(kinds)[0])
-    if kind not in ("mixer", "attention"):
+        data: dict[str, Any] = {"name": name, "params": {**params, width_param: width},
+                                "attention": {"name": attention} if attention else None}
+        fmt = "lm" if "lm" in spec.task_kinds else sorted(spec.task_kinds)[0]
+    elif kind in ("mixer", "attention"):
+        width_param = "d_model"
+        data = {"name": "transformer", "params": {"d_model": width, "layers": 2, "heads": 4},
+                kind: {"name": name, "params": params}}
+        fmt = "lm" if "causal" in (registry.get(kind, name).directions or ()) else "tagging"
+    else:
         raise NotApplicable(f"a {kind} has no width of its own: check the models and layers that use it")
-    if mup:
-        mup["base"] = {"d_model": base}
-    layer = ComponentConfig(name=name, params=params)
-    causal = "causal" in (registry.get(kind, name).directions or ())
-    return (ModelConfig(name="transformer", params={"d_model": width, "layers": 2, "heads": 4},
-                        **{kind: layer}, **mup), "lm" if causal else "tagging")
+    if parametrization != "standard":
+        data.update(parametrization=parametrization, base={width_param: base})
+    return ModelConfig.model_validate(data), fmt
 
 
 def _batch(fmt: str, seed: int) -> dict[str, Any]:
@@ -115,6 +113,7 @@ def _batch(fmt: str, seed: int) -> dict[str, Any]:
     def symbols(n: int) -> list[int]:
         return torch.randint(4, VOCAB, (n,), generator=g).tolist()
 
+    examples: list[dict[str, Any]]
     if fmt == "lm":
         examples = [{"tokens": symbols(LENGTH + 1)} for _ in range(BATCH)]
     elif fmt == "seq2seq":
@@ -194,7 +193,7 @@ def coord_check(registry: Registry, kind: str, name: str, *, parametrization: st
         for layer in runs[0]:
             if all(layer in r for r in runs):
                 mean = [sum(r[layer][t] for r in runs) / seeds for t in range(steps)]
-                result.sizes.setdefault(layer, [[] for _ in widths])[i] = mean
+                result.sizes.setdefault(layer, [[] for _ in widths])[i] = mean  # type: ignore[misc]
     result.sizes = {k: v for k, v in result.sizes.items() if all(v)}
     return result
 
