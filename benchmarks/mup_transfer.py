@@ -144,7 +144,7 @@ def optimum(losses: dict[float, float]) -> tuple[float | None, float | None]:
 
 def report(results: list[dict[str, Any]], args: Any) -> list[str]:
     lines: list[str] = []
-    summary = ["| model | parametrization | best log2 lr per width (grid; parabola) | optimum moves (factors of 2, grid) | best val loss per width | wider never worse |",
+    summary = ["| model | parametrization | best log2 lr per width (grid; parabola) | optimum moves, factors of 2 (grid; parabola) | best val loss per width | wider never worse |",
                "|---|---|---|---|---|---|"]
     for model in args.models:
         for par in args.parametrizations:
@@ -172,12 +172,14 @@ def report(results: list[dict[str, Any]], args: Any) -> list[str]:
             lines.append("")
             found = [b for b in bests if b is not None]
             moves = (max(found) - min(found)) if found else float("nan")
+            fitted = [f for f in fits if f is not None]
+            fit_moves = (max(fitted) - min(fitted)) if fitted else float("nan")
             never_worse = all(b2 <= b1 + 0.005 for b1, b2 in zip(best_loss, best_loss[1:], strict=False))
             summary.append(
                 f"| {model} | {par} | " + ", ".join(
                     f"{w}: {b:g}; {f:.2f}" if b is not None and f is not None else f"{w}: -"
                     for w, b, f in zip(args.widths, bests, fits, strict=True))
-                + f" | {moves:g} | " + ", ".join(f"{v:.3f}" for v in best_loss)
+                + f" | {moves:g}; {fit_moves:.1f} | " + ", ".join(f"{v:.3f}" for v in best_loss)
                 + f" | {'yes' if never_worse else 'no'} |")
     return summary + [""] + transferred(results, args) + [""] + lines
 
