@@ -115,6 +115,25 @@ class ModelConfig(ComponentConfig):
     attention_roles: dict[str, ComponentConfig] = Field(
         default_factory=dict, exclude_if=lambda roles: not roles
     )
+    #: how initialisation, per-parameter learning rates and multipliers scale with width
+    #: (``harness.nn.parametrization``): ``standard``, or ``mup`` (μP: Yang et al. 2022,
+    #: Tensor Programs V). Left out of dumps when standard, so older configs serialise as before.
+    parametrization: Literal["standard", "mup"] = Field(
+        "standard", exclude_if=lambda v: v == "standard",
+        description="standard, or mup: hyper-parameters tuned at model.base hold at any width")
+    #: μP's base shape: the model params that grow with width, at the values where μP and the
+    #: standard parametrization coincide (``{d_model: 64}``); unset, the model's width_param at
+    #: its declared default. The resolved config records it.
+    base: dict[str, Annotated[int, Field(ge=1, le=2**20)]] = Field(
+        default_factory=dict, exclude_if=lambda b: not b,
+        description="mup only: the params that grow with width, at their base values")
+
+    @model_validator(mode="after")
+    def _base_needs_mup(self) -> ModelConfig:
+        if self.base and self.parametrization != "mup":
+            raise ValueError("base is the base shape of parametrization: mup; set "
+                             "parametrization: mup or remove base")
+        return self
 
 
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]

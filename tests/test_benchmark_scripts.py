@@ -94,3 +94,23 @@ def test_compile_cpu_runs_at_its_smallest_size(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = out.read_text()
     assert "| attention | multi_head | 0 | 1 | 0 | 0 | yes |" in table and "| models | gru |" in table
+
+
+def test_mup_transfer_runs_at_its_smallest_size(tmp_path):
+    """Two widths, a bracketed lr grid and both parametrizations for the Transformer; the record
+    has the summary and the tuned-at-the-base table, and a second call reuses the raw runs."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    args = [sys.executable, str(ROOT / "benchmarks" / "mup_transfer.py"), "--models", "transformer",
+            "--widths", "16", "32", "--steps", "3", "--warmup", "1", "--batch", "2", "--val", "2",
+            "--start", "-6", "-5", "--log2-lr", "-7", "-4", "--raw", str(tmp_path / "raw.jsonl"),
+            "--output", str(tmp_path / "record.md")]
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = (tmp_path / "record.md").read_text()
+    assert "| transformer | standard | 16: " in record and "| transformer | mup | 16: " in record
+    assert "| transformer | mup, same lr |" in record
+    runs = (tmp_path / "raw.jsonl").read_text().splitlines()
+    again = subprocess.run(args[:-2] + ["--report-only"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0 and " lr=2^" not in again.stdout  # nothing trained again
+    assert (tmp_path / "raw.jsonl").read_text().splitlines() == runs

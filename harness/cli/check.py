@@ -80,6 +80,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         what = (" of kind " + args.kind) if args.kind else ""
         raise HarnessError(f"nothing to check: no component{what} is registered"
                            + (" by the --plugin files." if files else "."))
+    if args.coord:
+        from harness.cli.coord import run_coord
+
+        return run_coord(registry, specs, args, _params(args.set, specs)) or (1 if broken else 0)
     _check_names(args.check, {spec.kind for spec in specs})
     params = _params(args.set, specs)
     failed, total = [], 0
@@ -142,4 +146,18 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="check with this hyper-parameter value (repeatable), e.g. --set window=4")
     p.add_argument("--verbose", "-v", action="store_true", help="show each check's time")
+    coord = p.add_argument_group(
+        "coordinate check (μP)", "--coord runs harness.testing.coord instead of the kit: each model, "
+        "mixer or attention variant trained a few steps at several widths under the standard "
+        "parametrization and under μP; a table of every layer's activation size and its growth "
+        "with width, and a figure. Exit 1 when a layer grows under μP.")
+    coord.add_argument("--coord", action="store_true", help="run the coordinate check")
+    coord.add_argument("--widths", default="32,64,128,256,512", metavar="W,W,...",
+                       help="widths (the first is μP's base; default 32,64,128,256,512)")
+    coord.add_argument("--steps", type=int, default=4, help="training steps recorded (default 4)")
+    coord.add_argument("--seeds", type=int, default=2, help="seeds averaged (default 2)")
+    coord.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
+    coord.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adam")
+    coord.add_argument("--out", default=".", metavar="DIR",
+                       help="where the figures go (coord_<kind>_<name>.png; default: here)")
     p.set_defaults(handler=cmd_check)

@@ -34,11 +34,10 @@ from __future__ import annotations
 # One template per kind, alike by design: each is the complete file a new plugin starts from
 MODULES = {
     "attention": ("a softmax attention variant over negative squared query-key distances.", '''\
-import math
 from dataclasses import dataclass
 from typing import Annotated
 
-from harness.plugin import Attention, AttentionConfig, AttentionSpec, FloatRange, Gt, hookimpl
+from harness.plugin import Attention, AttentionConfig, AttentionSpec, FloatRange, Gt, hookimpl, qk_divisor
 from torch import Tensor
 
 
@@ -57,7 +56,8 @@ class ${Class}Attention(Attention):
     def score(self, q: Tensor, k: Tensor) -> Tensor:
         """(B, H, Lq, D) queries, (B, H, Lk, D) keys -> (B, H, Lq, Lk) scores."""
         squared = (q * q).sum(-1)[..., :, None] - 2 * q @ k.transpose(-2, -1) + (k * k).sum(-1)[..., None, :]
-        return -squared / (self.temperature * math.sqrt(q.shape[-1]))
+        # sqrt(d) as the Transformer's; under muP (model.parametrization: mup) qk_divisor grows as d
+        return -squared / (self.temperature * qk_divisor(self, q.shape[-1]))
 
 
 @hookimpl

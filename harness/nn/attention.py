@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from harness.nn.documents import by_document, document_ids
 from harness.nn.mixer import BIDIRECTIONAL, CAUSAL, Complexity, LayerCache
+from harness.nn.parametrization import qk_scale
 from harness.nn.position import PositionScheme
 from harness.params import FloatRange
 
@@ -154,9 +155,10 @@ def sdpa_mask(
     return bias.masked_fill(~allowed, float("-inf")), empty
 
 
-def scaled(q: Tensor) -> Tensor:
-    """Queries scaled by 1/sqrt(d): the Transformer's temperature."""
-    return q * (1.0 / math.sqrt(q.shape[-1]))
+def scaled(q: Tensor, layer: Any = None) -> Tensor:
+    """Queries scaled by 1/sqrt(d): the Transformer's temperature (under μP, ``layer``'s
+    1/d: :func:`harness.nn.parametrization.qk_scale`)."""
+    return q * qk_scale(layer, q.shape[-1], 1.0 / math.sqrt(q.shape[-1]))
 
 
 def _overrides(position: Any, hook: str) -> bool:
@@ -481,7 +483,9 @@ class FusedDotProductAttention(Attention):
     score_scale: float | None = None
 
     def score(self, q: Tensor, k: Tensor) -> Tensor:
-        scale = self.score_scale if self.score_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        fixed = self.score_scale is not None
+        scale = qk_scale(self, q.shape[-1], self.score_scale if fixed else 1.0 / math.sqrt(q.shape[-1]),
+                         fixed=fixed)
         return (q * scale) @ k.transpose(-2, -1)
 
     # the signature of Attention.attend, spelled out again: an override of the protocol
@@ -507,7 +511,7 @@ class FusedDotProductAttention(Attention):
                 key_padding_mask=key_padding_mask, bias=bias, need_weights=True, segments=segments,
             )
         dropout = self.dropout if self.training else 0.0
-        scale = self.score_scale
+        scale = qk_scale(self, q.shape[-1], self.score_scale, fixed=self.score_scale is not None)
         # Causal attention only runs on self-attention, where equal lengths mean the same
         # positions (a cache makes keys longer than queries).
         if (causal and bias is None and key_padding_mask is None and segments is None

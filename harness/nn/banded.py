@@ -67,12 +67,12 @@ def gather_blocks(t: Tensor, index: Tensor) -> Tensor:
 
 
 def run_blocks(q: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, bias: Tensor | None,
-               dropout: float) -> Tensor:
+               dropout: float, scale: float | None = None) -> Tensor:
     """Each query block against its own keys, through the fused kernel.
 
     ``q`` (B, H, lq, D); ``kb``, ``vb`` (B, H, n, span, D); ``allowed`` (B | 1, 1, n, block,
     span); ``bias`` broadcastable to (B, H, n, block, span) or None. Rows that may attend to
-    no key get zeros. Returns (B, H, lq, Dv).
+    no key get zeros. ``scale``: the scores' (None: 1/sqrt(D)). Returns (B, H, lq, Dv).
     """
     b, h, lq, _ = q.shape
     n, span = kb.shape[2], kb.shape[3]
@@ -84,7 +84,7 @@ def run_blocks(q: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, bias: Tensor 
     qb = F.pad(q, (0, 0, 0, n * c - lq)).reshape(b, h * n, c, -1)
     out = F.scaled_dot_product_attention(qb, kb.reshape(b, h * n, span, -1),
                                          vb.reshape(b, h * n, span, -1), attn_mask=mask,
-                                         dropout_p=dropout)
+                                         dropout_p=dropout, scale=scale)
     empty = empty.expand(empty.shape[0], h, n, c, 1).reshape(-1, h * n, c, 1)
     return out.masked_fill(empty, 0.0).reshape(b, h, n * c, -1)[:, :, :lq]
 

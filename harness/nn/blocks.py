@@ -37,6 +37,9 @@ class ScaledEmbedding(nn.Embedding):
     25-50 instead of ln |V|).
     """
 
+    #: under μP the multiplier is held at its base-width value (harness.nn.parametrization)
+    mup_fixed = ("scale",)
+
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__(num_embeddings, embedding_dim)
         nn.init.normal_(self.weight, std=embedding_dim**-0.5)

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from harness.nn import documents, fast_path
 from harness.nn.mixer import Mixer
+from harness.nn.parametrization import qk_scale
 
 ChunkFn = Callable[..., tuple[Tensor, Tensor]]
 
@@ -319,9 +320,12 @@ class DeltaRuleInputs(nn.Module):
     scheme's rotation of q and k, and b = sigmoid(x W_b) per head. Its decoding state is the
     convolution's (``state["conv"]``)."""
 
+    qk_normalized = True  # unit q and k: μP holds the Dk^-1/2 at its base-width value
+
     def __init__(self, d_model: int, num_heads: int, dk: int, dv: int, conv_size: int) -> None:
         super().__init__()
         self.num_heads, self.dk, self.dv = num_heads, dk, dv
+        self.qk_dim = dk  # q / sqrt(Dk) on unit q and k: under μP held at its base value
         widths = [num_heads * dk, num_heads * dk, num_heads * dv]
         self.widths = widths
         self.qkv_proj = nn.Linear(d_model, sum(widths), bias=False)
@@ -337,7 +341,7 @@ class DeltaRuleInputs(nn.Module):
         if position is not None:
             q, k = position.rotate(q, k, positions, positions)
         beta = self.b_proj(x).to(dtype).sigmoid().transpose(1, 2)
-        return q * self.dk**-0.5, k, v, beta
+        return q * qk_scale(self, self.dk, self.dk**-0.5), k, v, beta
 
     def state_size(self) -> int:
         return self.conv.state_size()

@@ -120,6 +120,7 @@ class Protocol:
     #: what the objective summarises (``objective.over``): length, grid or longest
     over: str = "length"
     threshold: float | None = None
+    transfer: str = ""  # tuned at another width (harness.study.transfer), in words; empty: not
 
     @property
     def alpha(self) -> float:
@@ -141,6 +142,9 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
     cfg = handle.config
     b = cfg.budget
     match = f", widths matched to {b.params:,} parameters" if b.params else ""
+    from harness.study.transfer import protocol_text as transfer_text
+
+    transfer = transfer_text(cfg)
     return Protocol(
         study=handle.name, metric=cfg.objective.metric,
         maximize=cfg.objective.direction == "maximize",
@@ -152,7 +156,9 @@ def protocol(handle: StudyHandle, complete: bool = True) -> Protocol:
         front_cost=front_cost(handle), vary_data=cfg.confirm.vary_data, complete=complete,
         task=f"{cfg.task.name} {cfg.task.params}" + DOCUMENTS.get(str(handle.record.get("documents")), ""),
         tuning=(f"every candidate tuned with {b.trials} trials of {run_length(cfg)} "
-                f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"),
+                f"({cfg.sampler.name} sampler, {rungs_in_words(cfg)}{match})"
+                + (f", {transfer}" if transfer else "")),
+        transfer=transfer,
         description=cfg.description.strip(), untuned=b.trials < 2, scaling=cfg.scaling is not None or cfg.sweep is not None,
         over=cfg.objective.over, threshold=cfg.objective.threshold)
 

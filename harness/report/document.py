@@ -76,6 +76,8 @@ def document(results: list[CandidateResult], verdict: Verdict, protocol: Protoco
         blocks.append(("p", "No fixed (not searched) hyper-parameter differs between candidates."))
     blocks.append(("h2", "Protocol"))
     blocks.append(("p", protocol_text(protocol, verdict)))
+    if protocol.transfer:
+        blocks.append(("p", tuned_elsewhere(results)))
     blocks.append(("p", variance_text(protocol)))
     if len(protocol.lengths) > 1:
         blocks.append(("h2", f"val/{protocol.metric} by evaluation length (mean over seeds)"))
@@ -108,3 +110,19 @@ def _ranking_notes(verdict: Verdict) -> str:
                  "are means over the confirmation seeds; ⚠: parameter count more than "
                  f"{PARAM_TOLERANCE:.0%} off budget.params.")
     return " ".join(parts)
+
+
+def tuned_elsewhere(results: list[CandidateResult]) -> str:
+    """Which width each candidate was tuned at and which it was confirmed at (a study with
+    ``transfer``: harness.study.transfer)."""
+    parts = []
+    for r in results:
+        model = (r.best_config or {}).get("model") or {}
+        base = model.get("base") or {}
+        if base:
+            widths = ", ".join(f"{k} {v} (confirmed at {r.config.get(f'model.params.{k}', '?')})"
+                               for k, v in base.items())
+            parts.append(f"{r.name} at {widths}")
+    return ("Tuned at another width than confirmed, in μP, its tuned values transferred unchanged: "
+            + ("; ".join(parts) or "no candidate's tuning configuration was recorded") + ".")
+

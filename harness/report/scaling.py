@@ -117,15 +117,25 @@ class ScalingAnalysis:
 def transfer_text(config: StudyConfig) -> str:
     assert config.scaling is not None
     t = config.scaling.transfer
+    searched = ", ".join(sorted(config.search)) or "nothing"
     if t.rule == "per_size":
-        searched = ", ".join(sorted(config.search)) or "nothing"
         return (f"hyper-parameters tuned per (size, budget) cell: {config.budget.trials} trial(s) "
                 f"each over {searched}")
+    if t.rule == "mup":
+        base = ", ".join(f"{k} = {v}" for k, v in t.base.items())
+        lr = (f"lr = {t.lr:g} at every size, tuned beforehand at the base shape, not in this study"
+              if t.lr is not None else
+              f"the hyper-parameters searched per cell ({config.budget.trials} trial(s) over {searched}) "
+              f"in the same ranges at every size")
+        return (f"every size in μP (model.parametrization: mup, base {base}: per-role learning rates, "
+                f"initialisation and multipliers, 1/d attention), so its hyper-parameters transfer "
+                f"across sizes: {lr}")
     rule = "1/width" if t.power == 1 else ("the same lr at every size" if t.power == 0
                                            else f"(width)^-{t.power:g}")
-    return (f"lr scaled across sizes by {rule}: lr = {t.lr:g} x ({t.width_param} / {t.width})"
-            f"^-{t.power:g}, the base lr tuned beforehand at {t.width_param} = {t.width}, not in "
-            f"this study; the other hyper-parameters shared")
+    return (f"one global lr per size scaled by {rule}: lr = {t.lr:g} x ({t.width_param} / {t.width})"
+            f"^-{t.power:g} for every parameter, the models in the standard parametrization (not "
+            f"μP), the base lr tuned beforehand at {t.width_param} = {t.width}, not in this study; "
+            f"the other hyper-parameters shared")
 
 
 def runs_by_base(config: StudyConfig, results: list[CandidateResult]) -> dict[str, list[sf.Run]]:

@@ -167,7 +167,10 @@ def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
         kwargs["mixer"] = None if mixer is None else (
             lambda d_model, num_heads: mixer(d_model=d_model, num_heads=num_heads))
     try:
-        return model.spec.build(model.params, **kwargs)
+        built = model.spec.build(model.params, **kwargs)
+        if parts.parametrization == "mup":
+            with_mup(built, parts, kwargs)
+        return built
     except (ValueError, TypeError) as exc:
         raise _user_error(f"model '{model.name}' (with its {', '.join(parts.components())})", exc) from None
     except (RuntimeError, MemoryError) as exc:  # wherever a model is built: a run, a probe, a load
@@ -181,6 +184,20 @@ def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
             f"model '{model.name}' cannot be allocated with its params ({shorten(sizes, 300)}): "
             f"{shorten(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, 200)}. "
             f"Nothing was trained or recorded. Lower the model's size.") from None
+
+
+def with_mup(built: Any, parts: ModelParts, kwargs: dict[str, Any]) -> None:
+    """μP for a model just built (:mod:`harness.nn.parametrization`): its roles from the model
+    built again at the base shape and at ``DELTA`` times it (from a forked random state)."""
+    import dataclasses
+
+    from harness.nn import parametrization
+
+    spec, params = parts.model.spec, parts.model.params
+    bases, deltas = parametrization.build(
+        lambda values: spec.build(dataclasses.replace(params, **values), **kwargs), parts.base)
+    name, value = next(iter(parts.base.items()))
+    parametrization.apply(built, bases, deltas, getattr(params, name) / value)
 
 
 def count_parameters(model: Any) -> int:

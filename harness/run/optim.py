@@ -60,6 +60,23 @@ def use_fused(params: list[Any]) -> bool:
     return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
 
 
+def mup_optimizer(groups: list[dict[str, Any]], cfg: Any, fused: dict[str, Any]) -> Any:
+    """μP's optimiser for a model given μP (each parameter has ``mup``'s ``infshape``): the
+    ``mup`` package's MuAdam / MuAdamW / MuSGD split each group by role and width multiplier
+    m. Adam(W): a hidden matrix's lr / m (weight decay x m, so AdamW's decay per step, lr x wd,
+    is the same at every width); every other lr as given. SGD: a hidden matrix's lr / (m_in /
+    m_out), a vector's (and the readout's) lr x m (decay / m)."""
+    import mup
+
+    if cfg.optimizer == "adamw":
+        return mup.MuAdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
+    if cfg.optimizer == "adam":
+        return mup.MuAdam(groups, lr=cfg.lr, betas=cfg.betas, **fused)
+    if cfg.optimizer == "sgd":
+        return mup.MuSGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
     """The optimiser and the per-step LambdaLR scheduler a :class:`TrainConfig` asks for."""
     import torch
@@ -72,8 +89,11 @@ def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     fused = {"fused": True} if use_fused(decay + no_decay) else {}
-    if cfg.optimizer == "adamw":
-        opt: Any = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
+    opt: Any
+    if any(hasattr(p, "infshape") for p in decay + no_decay):
+        opt = mup_optimizer(groups, cfg, fused)
+    elif cfg.optimizer == "adamw":
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "adam":
         opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "sgd":

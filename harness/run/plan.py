@@ -53,6 +53,9 @@ class ModelParts:
     mixer: Component | None = None
     #: per-role attention overrides (``model.attention_roles``), in the model's role order
     attention_roles: dict[str, Component] = field(default_factory=dict)
+    #: ``standard`` or ``mup`` (``harness.nn.parametrization``), and μP's base shape
+    parametrization: str = "standard"
+    base: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The model's part of a resolved config (every default filled in)."""
@@ -63,6 +66,8 @@ class ModelParts:
         model["position"] = self.position.as_dict() if self.position else None
         if self.attention_roles:
             model["attention_roles"] = {r: c.as_dict() for r, c in self.attention_roles.items()}
+        if self.parametrization != "standard":
+            model["parametrization"], model["base"] = self.parametrization, dict(self.base)
         return model
 
     def components(self) -> dict[str, Component]:
@@ -202,7 +207,46 @@ def resolve_model(registry: Registry, cfg: ModelConfig) -> ModelParts:
     parts.attention_roles = resolve_roles(registry, mspec, cfg.attention_roles)
     if parts.position is not None:
         _check_pairings(mspec, parts)
+    if cfg.parametrization == "mup":
+        parts.parametrization, parts.base = "mup", mup_base(model, cfg.base)
     return parts
+
+
+def mup_base(model: Component, base: dict[str, int]) -> dict[str, int]:
+    """μP's base shape checked against the model's params: each an int param of the model
+    that builds at the base and at ``DELTA`` times it; unset, the model's width_param at its
+    declared default."""
+    import dataclasses
+
+    from harness.nn.parametrization import DELTA
+
+    mspec: ModelSpec = model.spec
+    try:
+        import mup  # noqa: F401  (the infinite shapes and optimisers μP is built on)
+    except ImportError:
+        raise ConfigError("model.parametrization: mup needs the mup package, which is not installed; "
+                          "pip install --no-deps mup==1.0.0 (it needs only torch and pyyaml here), "
+                          "or use parametrization: standard.") from None
+    if not base:
+        width = mspec.width_param
+        fields = {f.name: f for f in dataclasses.fields(mspec.config)}
+        default = fields[width].default if width in fields else None
+        if not isinstance(default, int):
+            raise ConfigError(f"model.base: model '{mspec.name}' declares no width_param with a "
+                              f"default, so μP cannot tell its base width; set model.base to the "
+                              f"params that grow with width at their base values, e.g. {{d_model: 64}}.")
+        base = {str(width): default}
+    current = to_dict(model.params)
+    for name in base:
+        if not isinstance(current.get(name), int) or isinstance(current.get(name), bool):
+            ints = sorted(k for k, v in current.items() if isinstance(v, int) and not isinstance(v, bool))
+            raise ConfigError(f"model.base.{name}: not an int parameter of model '{mspec.name}'; "
+                              f"the base shape names the params that grow with width "
+                              f"(its int params: {', '.join(ints) or 'none'}).")
+    for scale, what in ((1, "base"), (DELTA, f"{DELTA} x base")):
+        resolve(mspec.config, {**current, **{k: scale * v for k, v in base.items()}},
+                f"model.base ({what}: {', '.join(f'{k}={scale * v}' for k, v in base.items())})")
+    return dict(base)
 
 
 def _check_pairings(mspec: ModelSpec, parts: ModelParts) -> None:
@@ -260,6 +304,10 @@ def plan(config: RunConfig, registry: Registry) -> Plan:
     tspec: TaskSpec = task.spec
     fmt = batch_format(tspec.task_kind or "lm", parts.model.spec.task_kinds, parts.model.name, tspec.name)
     check_documents(task, parts.model)
+    if parts.parametrization == "mup" and config.train.strategy == "fsdp":
+        raise ConfigError("model.parametrization: mup gives each parameter its own learning rate "
+                          "by role, which FSDP's flattened parameters cannot carry; train μP with "
+                          "train.strategy: ddp (or auto), or the standard parametrization with fsdp.")
     if config.train.kernels == "fla":  # refused before anything is built
         from harness.nn import fast_path
         from harness.runtime import devices

@@ -11,10 +11,19 @@ size: a width/depth schedule) and at least 3 compute budgets spanning at least 1
 :func:`expand` turns each (candidate, size, budget) into one study candidate
 (``attention.s2.c1e13``) carrying its :class:`~harness.study.schema.ScalingCell`, so the
 worker, the stores and the report's tables need nothing new. How the learning rate carries
-across sizes is the ``transfer`` rule: ``per_size`` tunes every cell with the study's search,
-``scaled`` fixes lr(width) = lr x (width / base width)^-power (power 1: the 1/width rule of
-muP for Adam's hidden layers; 0: one lr everywhere), the base lr tuned beforehand at the
-smallest size.
+across sizes is the ``transfer`` rule:
+
+* ``per_size`` tunes every cell with the study's search;
+* ``scaled`` fixes one global learning rate per size, lr(width) = lr x (width / base
+  width)^-power, the base lr tuned beforehand at the base width. It scales *every*
+  parameter's lr alike (embeddings, norms' gains, biases and the readout included) and leaves
+  the model in the standard parametrization (its initialisation, its readout, its 1/sqrt(d)
+  attention scores). That is not μP at any power: μP divides only the hidden matrices' Adam lr
+  by the width and changes the initialisation and multipliers too;
+* ``mup`` builds every cell's model in μP (``model.parametrization: mup`` with the rule's
+  ``base``: :mod:`harness.nn.parametrization`), whose hyper-parameters are the same at every
+  size: ``lr`` fixed when the rule gives it (tuned beforehand at the base shape), else searched
+  per cell like ``per_size``.
 """
 
 from __future__ import annotations
@@ -49,7 +58,11 @@ def cell_name(base: str, size: int, budget: float, unit: str) -> str:
 
 
 def scaled_lr(transfer: dict[str, Any], size: dict[str, Any]) -> float | None:
-    """The learning rate of one size under the ``scaled`` rule (None under ``per_size``)."""
+    """The learning rate of one size under the ``scaled`` rule, or ``mup``'s fixed lr (the
+    same at every size); None when the cell's search sets it."""
+    if transfer.get("rule") == "mup":
+        lr = transfer.get("lr")
+        return float(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) and lr > 0 else None
     if transfer.get("rule", "per_size") != "scaled":
         return None
     lr, base = transfer.get("lr"), transfer.get("width")
@@ -94,6 +107,8 @@ def expand(data: dict[str, Any]) -> dict[str, Any]:
                     return data
                 model = copy.deepcopy(cand["model"])
                 model["params"] = merge(model.get("params") or {}, size)
+                if transfer.get("rule") == "mup" and isinstance(transfer.get("base"), dict):
+                    model["parametrization"], model["base"] = "mup", dict(transfer["base"])
                 out.append({**cand, "name": cell_name(str(cand.get("name")), i, float(budget), unit),
                             "model": model,
                             "cell": {"base": cand.get("name"), "size": i, "budget": float(budget),

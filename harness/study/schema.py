@@ -78,6 +78,11 @@ class CandidateModel(SearchComponent):
         default_factory=dict, exclude_if=lambda roles: not roles,  # keeps old fingerprints
         description="per-role attention variants, fixed (their params are never searched)",
     )
+    parametrization: Literal["standard", "mup"] = Field(
+        "standard", exclude_if=lambda v: v == "standard",  # keeps old fingerprints
+        description="the run config's model.parametrization (harness.nn.parametrization)")
+    base: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, exclude_if=lambda b: not b, description="mup: the model's base shape")
 
 
 class ScalingCell(Strict):
@@ -354,20 +359,50 @@ class ResumeConfig(Strict):
 class ScalingTransfer(Strict):
     """How the learning rate carries across sizes (it moves the exponents: say which)."""
 
-    rule: Literal["per_size", "scaled"] = Field(
-        "per_size", description="per_size: every (size, budget) cell tuned with the study's search; "
-                                "scaled: lr fixed at lr x (width / width_base)^-power")
-    lr: float | None = Field(None, gt=0, le=100, description="scaled: the lr tuned at the base width")
+    rule: Literal["per_size", "scaled", "mup"] = Field(
+        "per_size", description=(
+            "per_size: every (size, budget) cell tuned with the study's search. scaled: one "
+            "global lr per size, lr x (width / width_base)^-power, applied to every parameter "
+            "(embeddings, norms' gains, biases and the readout included) of a model in the "
+            "standard parametrization (its initialisation, its readout, its 1/sqrt(d) attention "
+            "scores): not muP, whatever the power. mup: every cell's model in muP "
+            "(model.parametrization: mup with this base shape: per-parameter learning rates, "
+            "initialisation and multipliers by role, 1/d attention), so one set of "
+            "hyper-parameters holds at every size: lr fixed when given, else searched per cell"))
+    lr: float | None = Field(None, gt=0, le=100, description=(
+        "scaled: the lr tuned at the base width; mup: the lr of every cell (tuned at the base "
+        "shape), or unset to search it per cell"))
     width: int | None = Field(None, ge=1, description="scaled: the base width (the smallest size's)")
-    power: float = Field(1.0, ge=0, le=4, description="scaled: 1 = the 1/width rule (muP, Adam); "
-                                                      "0 = the same lr at every size")
-    width_param: str = Field("d_model", min_length=1, description="the model parameter that is the width")
+    power: float = Field(1.0, ge=0, le=4, description=(
+        "scaled: the exponent of the global lr's width scaling (1: lr / width, which muP "
+        "prescribes for Adam's hidden matrices only; 0: the same lr at every size)"))
+    width_param: str = Field("d_model", min_length=1, description="scaled: the model parameter that is the width")
+    base: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, exclude_if=lambda b: not b,
+        description="mup: the base shape, the model params that grow with width at their base values "
+                    "({d_model: 64}): where muP equals the standard parametrization")
 
     @model_validator(mode="after")
     def _scaled(self) -> ScalingTransfer:
         if self.rule == "scaled" and (self.lr is None or self.width is None):
             raise ValueError("rule 'scaled' needs lr (tuned at the base width) and width")
+        if self.rule == "mup" and not self.base:
+            raise ValueError("rule 'mup' needs base, the model params that grow with width at their "
+                             "base values, e.g. base: {d_model: 64}")
+        if self.rule != "mup" and self.base:
+            raise ValueError(f"base is the base shape of rule 'mup'; rule '{self.rule}' does not use it")
         return self
+
+
+class Transfer(Strict):
+    """An ordinary study that tunes small: every candidate's trials run at ``base`` (its model's
+    params there) in muP, and its confirmation at the candidate's own width with the tuned
+    hyper-parameters unchanged (muP's transfer); the report says so."""
+
+    rule: Literal["mup"] = Field("mup", description="mup: tune at the base shape in muP, confirm at full width")
+    base: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="the model params that grow with width at the values the trials "
+                                  "run at, e.g. {d_model: 64} (each candidate uses the ones its model has)")
 
 
 class ScalingConfig(Strict):
@@ -451,6 +486,8 @@ class StudyConfig(Strict):
     scaling: ScalingConfig | None = Field(None, exclude_if=lambda v: v is None)
     sweep: Sweep | None = Field(None, exclude_if=lambda v: v is None,
                                 description="every candidate at each width (recall against state)")
+    #: tune every candidate at a small width and confirm at its own (harness.study.transfer)
+    transfer: Transfer | None = Field(None, exclude_if=lambda v: v is None)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
@@ -489,6 +526,13 @@ class StudyConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _transfer(self) -> StudyConfig:
+        from harness.study.transfer import check_transfer
+
+        check_transfer(self)
+        return self
+
+    @model_validator(mode="after")
     def _scaling_protocol(self) -> StudyConfig:
         if self.scaling is None:
             if any(c.cell is not None for c in self.candidates):
@@ -511,9 +555,11 @@ class StudyConfig(Strict):
         parts = f"{bases} candidate(s) x {len(self.scaling.sizes)} sizes x {len(self.scaling.budgets)} budgets"
         if (problem := grid_problem(len(self.candidates), parts, self.budget.trials)) is not None:
             raise ValueError(f"scaling: {problem}")
-        if self.scaling.transfer.rule == "scaled" and "lr" in self.search:
-            raise ValueError("search.lr: the transfer rule 'scaled' fixes the learning rate of "
-                             "every size; remove lr from search (or use rule: per_size)")
+        t = self.scaling.transfer
+        if (t.rule == "scaled" or (t.rule == "mup" and t.lr is not None)) and "lr" in self.search:
+            raise ValueError(f"search.lr: the transfer rule '{t.rule}' with scaling.transfer.lr fixes "
+                             f"the learning rate of every size; remove lr from search (or the "
+                             f"rule's lr)")
         return self
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from harness.errors import ConfigError, HarnessError, PluginError, short_repr, s
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry.specs import Registry
 from harness.study import recall
+from harness.study import transfer
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
@@ -152,6 +153,7 @@ class StudySpace:
             if comp is not None:
                 model[role] = {"name": comp.spec.name, "params": values[role]}
         model.update(_fixed_roles(cand))
+        model.update(_parametrization(cand))
         if cand.candidate.model.preset:
             model["preset"] = cand.candidate.model.preset
         run = {"task": self.task_config(cand), "model": model, "train": train,
@@ -159,13 +161,26 @@ class StudySpace:
         if cand.width_param is not None:
             width, _ = self.match_width(cand, run)
             model["params"][cand.width_param] = width
+        if cfg.transfer is not None:  # tune at the base shape (harness.study.transfer)
+            tuning = transfer.tuning_run(run, cand, cfg.transfer.base)
+            tuning["train"] = transfer.run_budget(self, cand, run)
+            return tuning
         return run
 
-    def confirm_run_config(self, best_run: dict[str, Any], seed: int) -> dict[str, Any]:
+    def confirm_run_config(self, best_run: dict[str, Any], seed: int,
+                           cand: CandidateSpace | None = None) -> dict[str, Any]:
         """A confirmation run: the best tuning configuration re-run with training seed
         ``seed`` (initialisation and data order) and, with ``confirm.vary_data``, a fresh data
-        sample (:meth:`StudyConfig.confirm_data_seed`)."""
+        sample (:meth:`StudyConfig.confirm_data_seed`). With ``transfer``, at the candidate's
+        own width (``cand``'s) under the study's budget."""
         run = copy.deepcopy(best_run)
+        if self.config.transfer is not None and cand is not None:
+            run = transfer.full_width_run(run, self.base_run_config(cand))
+            if cand.width_param is not None:
+                run["model"]["params"][cand.width_param], _ = self.match_width(cand, run)
+            for key in ("max_steps", "max_flops", "max_tokens"):
+                run["train"].pop(key, None)
+            run["train"].update(run_budget(self.config, cand))
         run["train"]["seed"] = seed
         run["train"]["data_seed"] = self.config.confirm_data_seed(seed)
         return run
@@ -195,6 +210,7 @@ class StudySpace:
             if comp is not None:
                 model[comp.role] = entry(comp)
         model.update(_fixed_roles(cand))
+        model.update(_parametrization(cand))
         if cand.candidate.model.preset:
             model["preset"] = cand.candidate.model.preset
         return {"task": self.task_config(cand), "model": model}
@@ -226,8 +242,10 @@ class StudySpace:
         from harness.run.plan import plan
         from harness.run.record import decoding_state_size
 
+        # the parametrization changes no count: the standard model builds once instead of thrice
+        model = {k: v for k, v in run["model"].items() if k not in ("parametrization", "base")}
         try:
-            p = plan(parse_run_config({"task": run["task"], "model": run["model"]}), self.registry)
+            p = plan(parse_run_config({"task": run["task"], "model": model}), self.registry)
             params = run["task"].get("params", {})
             info = task_info(p, self.task if params == self.config.task.params else self.task_for(params))
             model = build_model(p, info)
@@ -289,6 +307,14 @@ def _fixed_roles(cand: CandidateSpace) -> dict[str, Any]:
     the rest of the run config, by ``_check_plan``)."""
     roles = cand.candidate.model.attention_roles
     return {"attention_roles": {r: c.model_dump() for r, c in roles.items()}} if roles else {}
+
+
+def _parametrization(cand: CandidateSpace) -> dict[str, Any]:
+    """The candidate's model.parametrization and base as run-config entries (none when standard)."""
+    m = cand.candidate.model
+    if m.parametrization == "standard":
+        return {}
+    return {"parametrization": m.parametrization, **({"base": dict(m.base)} if m.base else {})}
 
 
 def _first(rng: Range) -> Any:

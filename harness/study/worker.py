@@ -345,7 +345,8 @@ def _job_run_config(handle: StudyHandle, space: StudySpace, job: Job, trial: Any
             f"candidate '{job.cand.name}' has no completed tuning trial (all failed or were "
             f"pruned), so there is no configuration to confirm; see `harness study status`."
         )
-    run = space.confirm_run_config(best.user_attrs[Attr.CONFIG], int(job.trial.user_attrs[Attr.SEED]))
+    run = space.confirm_run_config(best.user_attrs[Attr.CONFIG], int(job.trial.user_attrs[Attr.SEED]),
+                                   cand=job.cand)
     trial.set_user_attr(Attr.TUNING_TRIAL, best.number)
     return dict(run)
 

@@ -12,6 +12,11 @@ A plugin's tests subclass the class of its kind and say which component to check
         # params = {"init_scale": 5.0}    # hyper-parameters to check with (default: defaults)
         # plugin_files = ("cosine.py",)   # local plugin files to load
 
+μP's coordinate check (:mod:`harness.testing.coord`: activation sizes over the first steps at
+several widths, flat under ``model.parametrization: mup``) is its own class,
+:class:`CoordinateChecks` (``kind`` and ``plugin``; a model, mixer or attention variant), and
+``harness check --coord NAME`` prints its table and figure.
+
 Each check is a pytest test (``test_causality``, ``test_padding``, ...). A check the spec
 exempts (``exempt={"row_stochastic": "weights are kernel features"}``) is skipped with
 ``exempt: <reason>``; a check the plugin's own declarations make meaningless (padding of a
@@ -31,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.registry.specs import Registry
+from harness.testing.coord import CoordinateChecks
 from harness.testing.core import Checks, NotApplicable, Outcome, base_registry, run_checks
 from harness.testing.layers import AttentionChecks, MixerChecks
 from harness.testing.models import ModelChecks
@@ -70,4 +76,5 @@ test_classes.__test__ = False  # type: ignore[attr-defined]  # not a test, despi
 __all__ = [
     "CHECKS", "Checks", "NotApplicable", "Outcome", "run_checks", "checks_for", "test_classes",
     "AttentionChecks", "MixerChecks", "PositionChecks", "ModelChecks", "TaskChecks",
+    "CoordinateChecks",
 ]

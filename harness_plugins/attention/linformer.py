@@ -63,6 +63,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     Le,
     hookimpl,
     masked_softmax,
+    qk_scale,
 )
 
 NO_DECODING = (
@@ -139,7 +140,7 @@ class LinformerAttention(Attention):  # same shape as mixers/retnet.py by design
             k, v = k * keep, v * keep
         pk = e.transpose(-2, -1).to(k.dtype) @ k  # (B, H, k, d): E K
         pv = f.transpose(-2, -1).to(v.dtype) @ v  # (B, H, k, d_v): F V
-        scores = (q * q.shape[-1] ** -0.5) @ pk.transpose(-2, -1)
+        scores = (q * qk_scale(self, q.shape[-1], q.shape[-1] ** -0.5)) @ pk.transpose(-2, -1)
         weights = masked_softmax(scores, None).to(v.dtype)
         dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
         effective = None

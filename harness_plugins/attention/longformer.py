@@ -41,7 +41,6 @@ ones). Its window ``w`` counts keys on each side (2w + 1 in all); here, as in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -64,6 +63,8 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     hookimpl,
     keep_last,
     masked_softmax,
+    qk_divisor,
+    qk_scale,
     run_blocks,
 )
 
@@ -121,7 +122,7 @@ class LongformerAttention(Attention):
                state=None, cross=False):
         if cross:
             allowed = allowed_mask(q_pos, k_pos, causal=False, key_padding_mask=key_padding_mask)
-            weights = masked_softmax((q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1), allowed).to(v.dtype)
+            weights = masked_softmax((q / qk_divisor(self, q.shape[-1])) @ k.transpose(-2, -1), allowed).to(v.dtype)
             dropped = F.dropout(weights, self.dropout, self.training) if self.dropout else weights
             return dropped @ v, (weights if need_weights else None)
         if need_weights and state is not None:
@@ -160,13 +161,13 @@ class LongformerAttention(Attention):
         kb = torch.cat([gk[:, :, None].expand(-1, -1, n, g, -1), gather_blocks(k, index)], dim=3)
         vb = torch.cat([gv[:, :, None].expand(-1, -1, n, g, -1), gather_blocks(v, index)], dim=3)
         dropout = self.dropout if self.training else 0.0
-        return run_blocks(q, kb, vb, allowed, bias, dropout), None
+        return run_blocks(q, kb, vb, allowed, bias, dropout, scale=qk_scale(self, q.shape[-1], None)), None
 
     def _full(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, gpad, bias):  # type: ignore[no-untyped-def]
         """Every local row's scores at once, with the weights (for logging): keys are the
         global keys followed by the sequence's keys (``k_pos`` says which is which)."""
         g = k.shape[2] - q.shape[2]  # full passes only: the keys are the queries' positions
-        scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
+        scores = (q / qk_divisor(self, q.shape[-1])) @ k.transpose(-2, -1)
         if callable(bias):
             bias = bias(q, q_pos, k_pos)
         if bias is not None:
@@ -226,7 +227,7 @@ class LongformerAttention(Attention):
                     cache.state[key] = torch.cat([cache.state[key], new], 2) if key in cache.state else new
             k, v = cache.state[name[0]][:, :, :start + x.shape[1]], cache.state[name[1]][:, :, :start + x.shape[1]]
             k_pos, key_padding_mask = torch.arange(k.shape[2], device=x.device), None
-        scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
+        scores = (q / qk_divisor(self, q.shape[-1])) @ k.transpose(-2, -1)
         if position is not None:
             bias = self.position_bias(position, q, q_pos, k_pos)
             if bias is not None:

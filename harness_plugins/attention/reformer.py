@@ -60,7 +60,6 @@ rounds), ``FullQKAttention``) and ``google/trax``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -80,6 +79,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     allowed_mask,
     hookimpl,
     masked_softmax,
+    qk_divisor,
 )
 
 #: added to a token's score against itself: ignored unless it has no other key
@@ -186,7 +186,7 @@ class ReformerAttention(Attention):
 
     def scores(self, q: Tensor, keys: Tensor) -> Tensor:
         wide = torch.promote_types(q.dtype, torch.float32)
-        return (q.to(wide) @ keys.to(wide).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        return (q.to(wide) @ keys.to(wide).transpose(-2, -1)) / qk_divisor(self, q.shape[-1])
 
     def _chunked(self, q, k, v, buckets, rank, counts, causal, key_padding_mask):  # type: ignore[no-untyped-def]
         """Per round: tokens sorted into their bucket's slots (each bucket padded to whole

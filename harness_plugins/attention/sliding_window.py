@@ -44,6 +44,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     block_bias,
     hookimpl,
     masked_softmax,
+    qk_scale,
     scaled,
     sdpa_mask,
 )
@@ -57,10 +58,10 @@ class SlidingWindowConfig(AttentionConfig):
 
 
 def fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None,
-          dropout: float) -> Tensor:
+          dropout: float, scale: float | None = None) -> Tensor:
     """The fused kernel under a mask; queries that may see no key get zeros."""
     mask, empty = sdpa_mask(allowed, bias, q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
@@ -80,7 +81,7 @@ class SlidingWindowAttention(Attention):
         return min(length, self.window - 1) * self.kv_heads * (self.qk_dim + self.v_dim)
 
     def score(self, q: Tensor, k: Tensor) -> Tensor:
-        return scaled(q) @ k.transpose(-2, -1)
+        return scaled(q, self) @ k.transpose(-2, -1)
 
     def extend_cache(self, cache: AttentionCache, k: Tensor, v: Tensor, k_pos: Tensor,
                      key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -100,7 +101,7 @@ class SlidingWindowAttention(Attention):
         dropout = self.dropout if self.training else 0.0
         if cross:
             allowed = allowed_mask(q_pos, k_pos, causal=False, key_padding_mask=key_padding_mask)
-            return fused(q, k, v, allowed, None, dropout), None
+            return fused(q, k, v, allowed, None, dropout, qk_scale(self, q.shape[-1], None)), None
         return self._banded(q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, dropout), None
 
     def _banded(self, q, k, v, q_pos, k_pos, causal, key_padding_mask, bias, dropout):  # type: ignore[no-untyped-def]
@@ -127,7 +128,8 @@ class SlidingWindowAttention(Attention):
         mask = mask.expand(mask.shape[0], h, n, c, span).reshape(mask.shape[0], h * n, c, span)
         qb = F.pad(q, (0, 0, 0, n * c - lq)).reshape(b, h * n, c, -1)
         kb, vb = (t[:, :, index].reshape(b, h * n, span, -1) for t in (k, v))
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout,
+                                             scale=qk_scale(self, q.shape[-1], None))
         out = out.masked_fill(empty.expand(empty.shape[0], h, n, c, 1).reshape(-1, h * n, c, 1), 0.0)
         return out.reshape(b, h, n * c, -1)[:, :, :lq]
 

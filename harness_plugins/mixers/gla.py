@@ -45,7 +45,7 @@ from typing import Annotated, Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import Complexity, FloatRange, Ge, Gt, Le, MixerSpec, hookimpl
+from harness.plugin import Complexity, FloatRange, Ge, Gt, Le, MixerSpec, hookimpl, qk_scale
 from harness.plugin import linear_recurrence as lr
 
 
@@ -71,6 +71,7 @@ class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one 
         super().__init__(d_model, num_heads)
         self.chunk, self.temperature = config.chunk, config.gate_temperature
         self.dk = lr.head_width(d_model, config.expand_k, num_heads, even=True)
+        self.qk_dim = self.dk  # k / sqrt(Dk): a query-key scale, 1/Dk under μP
         self.dv = lr.head_width(d_model, config.expand_v, num_heads)
         h = num_heads
         self.q_proj = nn.Linear(d_model, h * self.dk, bias=False)
@@ -92,7 +93,7 @@ class GLA(lr.RecurrentMixer):  # same shape as gated_deltanet.py by design: one 
             q, k = position.rotate(q, k, positions, positions)
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_alpha = F.logsigmoid(lr.split_heads(self.gate(x), h).to(dtype)) / self.temperature
-        o = lr.linear_attention(q, k * self.dk**-0.5, v, log_alpha, chunk=self.chunk, state=state,
+        o = lr.linear_attention(q, k * qk_scale(self, self.dk, self.dk**-0.5), v, log_alpha, chunk=self.chunk, state=state,
                                 starts=starts, kernel=self.kernel)
         o = F.layer_norm(o, (self.dv,))
         return self.out_proj(F.silu(self.r_proj(x)) * lr.merge_heads(o).to(x.dtype))

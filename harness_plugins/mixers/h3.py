@@ -61,6 +61,7 @@ from harness.plugin import (
     MixerSpec,
     causal_fft_conv,
     hookimpl,
+    qk_scale,
 )
 
 WHY_NOT = {
@@ -86,6 +87,9 @@ class H3(Mixer):
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
         self.head_dim = d_model // num_heads
+        # o = qᵀ(Σ k̃ vᵀ) sums q·k̃ over the head's width unscaled: a query-key product whose
+        # scale (1) falls as 1/d under μP (found by the coordinate check: H3's output grew)
+        self.qk_dim = self.head_dim
         self.d_state = config.d_state
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
@@ -117,7 +121,8 @@ class H3(Mixer):
     def _finish(self, q: Tensor, s: Tensor, kv: Tensor) -> Tensor:
         """o_{t,h} = q_{t,h}ᵀ (s + D_h k̃vᵀ); s, kv (B, d_h, d_h, H, l) -> (B, l, d_model)."""
         s = s + self.skip.to(s.dtype).unsqueeze(-1) * kv.to(s.dtype)
-        o = torch.einsum("blhi,bijhl->blhj", q.to(s.dtype), s)
+        scale = qk_scale(self, self.head_dim, 1.0, fixed=True)
+        o = torch.einsum("blhi,bijhl->blhj", (q if scale == 1.0 else q * scale).to(s.dtype), s)
         return self.output(o.reshape(q.shape[0], q.shape[1], self.d_model).to(q.dtype))
 
     def mix(self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None, position: Any) -> Tensor:

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.plugin import Complexity, Ge, IntRange, Le, MixerSpec, documents, hookimpl
+from harness.plugin import Complexity, Ge, IntRange, Le, MixerSpec, documents, hookimpl, qk_scale
 from harness.plugin import linear_recurrence as lr
 
 
@@ -83,6 +83,7 @@ class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by desi
         super().__init__(d_model, num_heads)
         self.chunk = config.chunk
         self.dk = lr.head_width(d_model, 1.0, num_heads, even=True)
+        self.qk_dim = self.dk  # k / sqrt(Dk): a query-key scale, 1/Dk under μP
         self.dv = lr.head_width(d_model, config.expand_v, num_heads)
         h = num_heads
         self.q_proj = nn.Linear(d_model, h * self.dk, bias=False)
@@ -112,7 +113,7 @@ class RetNet(lr.RecurrentMixer):  # same shape as attention/linformer.py by desi
             starts: Tensor | None = None) -> Tensor:
         h, dtype = self.num_heads, lr.compute_dtype(x)
         q = self.rotate(lr.split_heads(self.q_proj(x), h).to(dtype), positions)
-        k = self.rotate(lr.split_heads(self.k_proj(x), h).to(dtype), positions) * self.dk**-0.5
+        k = self.rotate(lr.split_heads(self.k_proj(x), h).to(dtype), positions) * qk_scale(self, self.dk, self.dk**-0.5)
         v = lr.split_heads(self.v_proj(x), h).to(dtype)
         log_gamma = self.log_gamma(q)
         log_decay = log_gamma.view(1, h, 1, 1).expand(x.shape[0], h, x.shape[1], 1)

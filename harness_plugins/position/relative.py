@@ -22,14 +22,21 @@ Choices and differences from the paper, stated:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
 
-from harness.plugin import Ge, IntRange, PositionScheme, PositionSpec, hookimpl, relative_positions
+from harness.plugin import (
+    Ge,
+    IntRange,
+    PositionScheme,
+    PositionSpec,
+    hookimpl,
+    qk_divisor,
+    relative_positions,
+)
 
 
 @dataclass
@@ -46,10 +53,11 @@ class ShawRelative(PositionScheme):  # same shape as sinusoidal.py by design: on
         self.clip = config.clip
         # Row r holds a^K for offset r - clip (offsets -clip..clip).
         self.table = nn.Parameter(torch.randn(2 * self.clip + 1, head_dim) * head_dim**-0.5)
+        self.qk_dim = head_dim  # q · a / sqrt(d), a query-key scale: 1/d under μP
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         # q · a_r for every offset r, then pick r = clip(j - i) for each (i, j).
-        per_offset = q @ self.table.to(q.dtype).T / math.sqrt(q.shape[-1])  # (B, H, Lq, 2k+1)
+        per_offset = q @ self.table.to(q.dtype).T / qk_divisor(self, q.shape[-1])  # (B, H, Lq, 2k+1)
         index = relative_positions(q_pos, k_pos).clamp(-self.clip, self.clip) + self.clip
         index = index.expand(*per_offset.shape[:2], -1, -1)  # (B, H, Lq, Lk)
         return per_offset.gather(-1, index)

@@ -1,0 +1,110 @@
+"""Tuning small, confirming at full width: μP's hyper-parameter transfer in a study.
+
+An ordinary study with ``transfer: {rule: mup, base: {d_model: 64}}`` tunes every candidate
+at the base shape and confirms it at its own width: each tuning trial's model is the
+candidate's with the base's params (those its model has) in μP (``model.parametrization:
+mup``, ``model.base`` = those params), and the confirmation re-runs the best trial's
+hyper-parameters unchanged at the candidate's width (its fixed value, its plugin's default,
+or the width that matches ``budget.params``), in μP with the same base. At the base width μP
+is the standard parametrization, so the trials tune the model a standard study at that width
+would; μP is what lets the values hold at the larger width (Yang et al. 2022; the evidence for
+each model family is ``benchmarks/mup_transfer_cpu.md``, and docs/scaling.md says where it
+does not hold).
+
+Each trial trains as many steps as the full-width run will: a step or token budget is the same
+at any width; a FLOP budget is turned into the steps it buys at the full width (the trials of a
+small model would otherwise train several times longer than the run they stand for). A budget
+in seconds is refused (the steps it buys depend on the width). The report's protocol says how
+each candidate was tuned (:func:`protocol_text`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from harness.errors import ConfigError
+
+
+def check_transfer(config: Any) -> None:
+    """A study's ``transfer`` against the rest of it (ValueError: the schema's message)."""
+    t = config.transfer
+    if t is None:
+        return
+    if config.scaling is not None:
+        raise ValueError("transfer: a scaling study says how hyper-parameters carry across its sizes "
+                         "in scaling.transfer (rule: mup with its base); remove the top-level transfer")
+    if config.budget.seconds is not None:
+        raise ValueError("transfer: tuning at a small width trains as many steps as the full-width "
+                         "run, which a budget in seconds does not fix; give budget.steps, tokens or flops")
+    for cand in config.candidates:
+        searched = sorted(set(cand.model.search) & set(t.base))
+        if searched:
+            raise ValueError(f"candidates ({cand.name}): model.search.{searched[0]}: transfer tunes at "
+                             f"the base shape and confirms at the candidate's own width, so the "
+                             f"width is not searched; fix it in model.params")
+        if cand.model.parametrization == "standard" and cand.model.base:
+            raise ValueError(f"candidates ({cand.name}): model.base needs model.parametrization: mup")
+
+
+def base_for(cand: Any, base: dict[str, int]) -> dict[str, int]:
+    """The base's params that the candidate's model has (a ConfigError naming it when none)."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(cand.model.spec.config)}
+    mine = {k: v for k, v in base.items() if k in fields}
+    if not mine:
+        raise ConfigError(
+            f"transfer.base: candidate '{cand.name}' (model '{cand.model.spec.name}') has none of "
+            f"its params ({', '.join(base)}); add the params that set its width, e.g. "
+            f"{cand.model.spec.width_param or 'd_model'}: 64")
+    return mine
+
+
+def tuning_run(run: dict[str, Any], cand: Any, base: dict[str, int]) -> dict[str, Any]:
+    """A tuning trial's run config: the full-width run's model at the base shape, in μP."""
+    out = copy.deepcopy(run)
+    mine = base_for(cand, base)
+    out["model"]["params"].update(mine)
+    out["model"]["parametrization"], out["model"]["base"] = "mup", dict(mine)
+    return out
+
+
+def full_width_run(tuned: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """The confirmation's run config: the tuned trial's, with the width params of ``full`` (the
+    candidate's run config at its own width) and the same μP base."""
+    out = copy.deepcopy(tuned)
+    for key in tuned["model"].get("base", {}):
+        if key in full["model"]["params"]:
+            out["model"]["params"][key] = full["model"]["params"][key]
+        else:  # the candidate leaves it to its plugin's default
+            out["model"]["params"].pop(key, None)
+    return out
+
+
+def run_budget(space: Any, cand: Any, full: dict[str, Any]) -> dict[str, Any]:
+    """The training settings a tuning trial's length takes from the full-width run: a FLOP
+    budget becomes the steps it buys at the full width."""
+    train = dict(full["train"])
+    if "max_flops" not in train:
+        return train
+    from harness.study.budget import check_one_step
+
+    steps, _ = check_one_step(space, cand, full)
+    train.pop("max_flops")
+    train["max_steps"] = int(steps or 1)
+    return train
+
+
+def protocol_text(config: Any) -> str:
+    """What the report's protocol says of the transfer (empty without one)."""
+    t = config.transfer
+    if t is None:
+        return ""
+    base = ", ".join(f"{k} = {v}" for k, v in t.base.items())
+    return (f"tuned at the base shape ({base}, each candidate's model where it has the param) in μP "
+            f"(model.parametrization: mup), then confirmed at each candidate's own width in μP with "
+            f"the tuned hyper-parameters unchanged (μP's transfer; the trials trained as many steps "
+            f"as the full-width runs; at CPU sizes μP's lr holds but its loss is 0.02-0.06 nats "
+            f"above the standard parametrization tuned per width, and an LSTM under μP does not "
+            f"improve with width: benchmarks/mup_transfer_cpu.md)")
