@@ -23,9 +23,8 @@ from typing import Any
 
 def variant(name: str) -> None:
     """Switch one μP ingredient back (module-level patches: one variant per process)."""
-    import mup
-
     from harness.nn import parametrization as P
+    from harness.nn import widths
 
     if name == "qk_standard":
         original = P._module_multipliers
@@ -40,15 +39,15 @@ def variant(name: str) -> None:
         P._readout_multipliers = lambda model: None
         P.TARGET_EXPONENT[P.READOUT] = -0.5
     elif name == "vectors_scaled":
-        adamw = mup.MuAdamW
+        groups = widths.mu_groups
 
-        def scaled(groups: Any, **kw: Any) -> Any:
-            opt = adamw(groups, **kw)
-            for g in opt.param_groups:
+        def scaled(given: Any, optimizer: str) -> Any:
+            out = groups(given, optimizer)
+            for g in out:
                 if g["params"] and g["params"][0].infshape.ninf() == 1:
                     g["lr"] /= g["params"][0].infshape.width_mult()
-            return opt
-        mup.MuAdamW = scaled
+            return out
+        widths.mu_groups = scaled
 
 
 def main() -> int:

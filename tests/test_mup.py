@@ -223,3 +223,56 @@ def test_mup_with_fsdp_is_refused_before_anything_runs():
     cfg = {"task": CHAR, "model": model_cfg(64, "mup"), "train": {"strategy": "fsdp"}}
     with pytest.raises(ConfigError, match="train.strategy: ddp"):
         plan(parse_run_config(cfg), REG)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_the_groups_follow_the_papers_table_on_shapes_where_fan_in_and_fan_out_grow_differently(optimizer):
+    """Tensor Programs V, Table 3 (Adam) and Table 8 (SGD), written out per parameter for a
+    model whose matrices widen by different factors in and out (d -> 3d, 2d -> 6d at m = 3,
+    against a base d = 4): the expected lr and weight decay are computed here from the
+    multipliers, not read from the implementation."""
+    from torch import nn
+
+    from harness.nn.widths import mu_groups, set_dims
+
+    def make(d: int) -> nn.Module:
+        return nn.Sequential(nn.Embedding(10, d), nn.Linear(d, 2 * d), nn.Linear(2 * d, 7), nn.LayerNorm(7))
+
+    model, base, delta = make(12), make(4), make(16)
+    set_dims(model, base, delta)
+    params = dict(model.named_parameters())
+    groups = mu_groups([{"params": list(params.values()), "lr": 0.1, "weight_decay": 0.01}], optimizer)
+    got = {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
+    m = 3.0  # every growing dimension is 3x its base here: 12/4, 24/8
+    if optimizer == "sgd":
+        want = {"0.weight": (0.1 * m, 0.01 / m),   # embedding (10 x d): vector-like, lr x m
+                "1.weight": (0.1 / (m / m), 0.01 * (m / m)),  # hidden: lr x m_out / m_in
+                "1.bias": (0.1 * m, 0.01 / m),
+                "2.weight": (0.1 * m, 0.01 / m),   # readout (7 x 2d): one growing dimension
+                "2.bias": (0.1, 0.01), "3.weight": (0.1, 0.01), "3.bias": (0.1, 0.01)}  # fixed
+    else:
+        want = {"0.weight": (0.1, 0.01), "1.weight": (0.1 / m, 0.01 * m), "1.bias": (0.1, 0.01),
+                "2.weight": (0.1, 0.01), "2.bias": (0.1, 0.01), "3.weight": (0.1, 0.01), "3.bias": (0.1, 0.01)}
+    for name, (lr, wd) in want.items():
+        assert got[id(params[name])] == pytest.approx((lr, wd)), name
+    assert sum(len(g["params"]) for g in groups) == len(params)
+
+
+def test_a_matrix_whose_fan_in_grows_more_than_its_fan_out_moves_sgds_lr_by_their_ratio():
+    """SGD's hidden-matrix lr is lr x m_out / m_in; Adam's is lr / m_in (the main dimension)."""
+    from torch import nn
+
+    from harness.nn.widths import mu_groups, set_dims
+
+    def make(d: int) -> nn.Linear:  # fan-in 3d^2, fan-out d + 2
+        return nn.Linear(3 * d * d, d + 2, bias=False)
+
+    model, base, delta = make(2), make(1), make(3)  # fan-in 3 -> 12 (x4), fan-out 3 -> 4 (x4/3)
+    (p,) = model.parameters()
+    set_dims(model, base, delta)
+    assert p.infshape.ninf() == 2
+    assert p.infshape.fanin_fanout_mult_ratio() == pytest.approx((12 / 3) / (4 / 3))
+    (g,) = mu_groups([{"params": [p], "lr": 0.3, "weight_decay": 0.0}], "sgd")
+    assert g["lr"] == pytest.approx(0.3 / ((12 / 3) / (4 / 3)))
+    (g,) = mu_groups([{"params": [p], "lr": 0.3, "weight_decay": 0.0}], "adam")
+    assert g["lr"] == pytest.approx(0.3 / (12 / 3))

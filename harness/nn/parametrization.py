@@ -6,9 +6,9 @@ under μP the hyper-parameters tuned at a small *base* width hold at any width. 
 changes depends on each parameter's *role*, and the role follows from which of its
 dimensions grow with width, as the ``mup`` package's infinite shapes find it: the model is
 built at its base shape (``model.base``) and at four times it (the *delta*), and every
-dimension that differs is a width (``mup.set_base_shapes(model, base, delta=delta)``;
-``p.infshape`` then holds each dimension's base and actual size). So a plugin written
-without μP in mind gets it without code:
+dimension that differs is a width (:mod:`harness.nn.widths`; ``p.infshape`` then holds each
+dimension's base and actual size). So a plugin written without μP in mind gets it without
+code:
 
 ========  ===========================  ================  ===========  ============  =========
 role      infinite dimensions          initial std       Adam(W) lr   SGD lr        multiplier
@@ -23,10 +23,10 @@ fixed     none                         as built          1            1
 ========  ===========================  ================  ===========  ============  =========
 
 ``m`` is the width multiplier of the parameter's main (fan-in) dimension, actual / base.
-The learning rates are ``mup``'s ``MuAdam``/``MuAdamW``/``MuSGD`` (``harness.run.optim``),
-weight decay scaled as they scale it; the readout's multiplier is ``mup``'s ``MuReadout``,
-attached to any ``nn.Linear`` whose fan-in grows and fan-out does not (a forward pre-hook,
-so the module's class and state dict stay as they are).
+The learning rates and weight decays per role are the paper's (:func:`harness.nn.widths.mu_groups`,
+the rules of ``mup``'s ``MuAdam``/``MuAdamW``/``MuSGD``); the readout's multiplier (what
+``mup``'s ``MuReadout`` does) is attached to any ``nn.Linear`` whose fan-in grows and fan-out
+does not (a forward pre-hook, so the module's class and state dict stay as they are).
 
 Initialisation: a plugin initialises as it likes; μP keeps the plugin's constant and corrects
 the exponent. Each parameter's std is compared at the base and the delta width to find the
@@ -128,7 +128,7 @@ def _named(model: nn.Module) -> dict[str, Tensor]:
 
 
 def roles(model: nn.Module) -> dict[str, str]:
-    """Each parameter's role from its ``infshape`` (set by ``mup.set_base_shapes``): readout
+    """Each parameter's role from its ``infshape`` (:func:`harness.nn.widths.set_dims`): readout
     for the weight of an ``nn.Linear`` whose fan-in is a width and fan-out is not."""
     readouts = {id(m.weight) for m in model.modules()
                 if isinstance(m, nn.Linear) and _is_readout(m.weight)}
@@ -175,7 +175,8 @@ def apply(model: nn.Module, bases: list[nn.Module], deltas: list[nn.Module], wid
     grow (a readout's bias: PyTorch initialises it from the fan-in). Returns the role of every
     parameter (also kept as ``model.mup_roles``)."""
     import torch
-    from mup import set_base_shapes
+
+    from harness.nn.widths import set_dims
 
     base, delta = bases[0], deltas[0]
     names, base_p, delta_p = _named(model), _named(base), _named(delta)
@@ -185,8 +186,8 @@ def apply(model: nn.Module, bases: list[nn.Module], deltas: list[nn.Module], wid
         odd = sorted(set(names) ^ set(base_p) | set(names) ^ set(delta_p))[:4]
         raise ValueError(f"μP needs the same parameters at every width; built at the base and "
                          f"delta shapes the model has different ones ({', '.join(odd)})")
-    set_base_shapes(model, base, rescale_params=False, delta=delta, do_assert=False)
-    set_base_shapes(delta, base, rescale_params=False, delta=delta, do_assert=False)
+    set_dims(model, base, delta)
+    set_dims(delta, base, delta)
     kinds = roles(model)
     out: dict[str, Role] = {}
     with torch.no_grad():

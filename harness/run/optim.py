@@ -60,21 +60,15 @@ def use_fused(params: list[Any]) -> bool:
     return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
 
 
-def mup_optimizer(groups: list[dict[str, Any]], cfg: Any, fused: dict[str, Any]) -> Any:
-    """μP's optimiser for a model given μP (each parameter has ``mup``'s ``infshape``): the
-    ``mup`` package's MuAdam / MuAdamW / MuSGD split each group by role and width multiplier
-    m. Adam(W): a hidden matrix's lr / m (weight decay x m, so AdamW's decay per step, lr x wd,
-    is the same at every width); every other lr as given. SGD: a hidden matrix's lr / (m_in /
-    m_out), a vector's (and the readout's) lr x m (decay / m)."""
-    import mup
+def mup_groups(groups: list[dict[str, Any]], cfg: Any) -> list[dict[str, Any]]:
+    """μP's groups for a model given μP (each parameter has an ``infshape``,
+    :mod:`harness.nn.widths`): each group split by role and width multiplier m. Adam(W): a
+    hidden matrix's lr / m (weight decay x m, so AdamW's decay per step, lr x wd, is the same
+    at every width); every other lr as given. SGD: a hidden matrix's lr / (m_in / m_out), a
+    vector's (and the readout's) lr x m (decay / m)."""
+    from harness.nn.widths import mu_groups
 
-    if cfg.optimizer == "adamw":
-        return mup.MuAdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
-    if cfg.optimizer == "adam":
-        return mup.MuAdam(groups, lr=cfg.lr, betas=cfg.betas, **fused)
-    if cfg.optimizer == "sgd":
-        return mup.MuSGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    return mu_groups([{**g, "lr": cfg.lr} for g in groups], cfg.optimizer)
 
 
 def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
@@ -91,8 +85,8 @@ def make_optimizer(model: Any, cfg: Any) -> tuple[Any, Any]:
     fused = {"fused": True} if use_fused(decay + no_decay) else {}
     opt: Any
     if any(hasattr(p, "infshape") for p in decay + no_decay):
-        opt = mup_optimizer(groups, cfg, fused)
-    elif cfg.optimizer == "adamw":
+        groups = mup_groups(groups, cfg)
+    if cfg.optimizer == "adamw":
         opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **fused)
     elif cfg.optimizer == "adam":
         opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, **fused)

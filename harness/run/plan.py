@@ -221,12 +221,6 @@ def mup_base(model: Component, base: dict[str, int]) -> dict[str, int]:
     from harness.nn.parametrization import DELTA
 
     mspec: ModelSpec = model.spec
-    try:
-        import mup  # noqa: F401  (the infinite shapes and optimisers μP is built on)
-    except ImportError:
-        raise ConfigError("model.parametrization: mup needs the mup package, which is not installed; "
-                          "pip install --no-deps mup==1.0.0 (it needs only torch and pyyaml here), "
-                          "or use parametrization: standard.") from None
     if not base:
         width = mspec.width_param
         fields = {f.name: f for f in dataclasses.fields(mspec.config)}
