@@ -25,8 +25,7 @@ from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry.specs import Registry
-from harness.study import recall
-from harness.study import transfer
+from harness.study import recall, transfer
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
