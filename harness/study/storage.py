@@ -78,8 +78,10 @@ redact = mask_url
 
 
 #: Optuna's experimental features the harness itself chose (heartbeats, their retry callback,
-#: failing stale trials): Optuna's warnings about them would reach every user at every start
-HARNESS_CHOSEN = ("RetryHeartbeatStaleTrialCallback", "heartbeat_interval", "fail_stale_trials")
+#: failing stale trials, the names of a study's objectives): Optuna's warnings about them would
+#: reach every user at every start
+HARNESS_CHOSEN = ("RetryHeartbeatStaleTrialCallback", "heartbeat_interval", "fail_stale_trials",
+                  "set_metric_names")
 
 
 @contextlib.contextmanager
