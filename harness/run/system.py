@@ -209,7 +209,7 @@ class HarnessSystem(L.LightningModule):
             return loss
         if total is None:
             total = stats["tokens"]
-        if world > 1:
+        if trainer is not None and world > 1:
             # the global batch's scored tokens: every process's gradient is its summed loss
             # over them, times the world size that DDP/FSDP's gradient mean divides by, so the
             # step follows the token mean of the whole global batch, as one process at the
