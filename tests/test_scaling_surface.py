@@ -111,3 +111,30 @@ def test_a_replicate_started_where_the_point_put_e_near_zero_can_still_find_the_
     assert with_floor.e_identified
     no_floor = ss.fit_with_intervals(n, d, truth(n, d) - 1.69 + 1e-9, n_boot=20)
     assert not no_floor.e_identified and 1e-3 * no_floor.lowest_loss > no_floor.surface.E
+
+
+def test_an_exponent_left_at_its_bound_gives_no_optimum_and_the_report_says_why():
+    # runs in which more tokens do not lower the loss (they raise it a little): nothing
+    # identifies beta, the fit leaves it at the bottom of its search, and G = (αA/βB)^(1/(α+β))
+    # is far beyond a float (it raised OverflowError in a study's report)
+    rng = np.random.default_rng(11)
+    n = np.repeat(np.logspace(5, 7, 4), 4) * rng.uniform(0.9, 1.1, 16)
+    d = np.tile(np.logspace(7, 9, 4), 4)
+    fit = ss.fit_with_intervals(n, d, 2.0 + 50 / n ** 0.3 * (d / 1e8) ** 0.02, n_boot=40)
+    assert fit.surface.at_bound() == ["beta"]
+    n_opt, d_opt = fit.optimum(6e16)
+    assert math.isnan(n_opt.value) and math.isnan(d_opt.value) and not n_opt.defined
+    fit.largest_compute = 6e16
+    from harness.report.scaling import _optimum_sentence
+    said = _optimum_sentence(fit)
+    assert "beta = 0.001 at the bound" in said and "tokens (D)" in said and "not identified" in said
+    # G in logs matches the paper's formula in float64 where that formula is finite ...
+    s = ss.Surface(**PUBLISHED)
+    a, b = PUBLISHED["alpha"], PUBLISHED["beta"]
+    g = (a * PUBLISHED["A"] / (b * PUBLISHED["B"])) ** (1 / (a + b))
+    assert s.G == pytest.approx(g, rel=1e-12) and s.at_bound() == []
+    assert float(s.n_opt(5.76e23)) == pytest.approx(g * (5.76e23 / 6) ** (b / (a + b)), rel=1e-12)
+    # ... and does not raise where it is not (the study's degenerate fit)
+    edge = ss.Surface(2.0, 2.8, 4.3e-10, 0.0183, 0.001)
+    assert math.isinf(edge.G) and edge.at_bound() == ["beta"]
+    assert edge.log_G == pytest.approx(math.log(0.0183 * 2.8 / (0.001 * 4.3e-10)) / 0.0193, rel=1e-12)

@@ -32,7 +32,7 @@ from harness.report import scaling_fit as sf
 from harness.report.collect import CandidateResult
 from harness.report.export import csv_text, number
 from harness.report.render import Block, fmt
-from harness.report.scaling_surface import Interval
+from harness.report.scaling_surface import EXPONENT_BOUNDS, Interval, SurfaceFit
 from harness.study.budget import off_budget
 from harness.study.schema import StudyConfig
 
@@ -198,19 +198,28 @@ def fit_sentences(a: ScalingAnalysis) -> list[str]:
         s = f.surface
         if s is None:
             continue
-        n_opt, d_opt = s.optimum(s.largest_compute)
         e = (_est(s.E) if s.e_identified else f"{s.surface.E:.3g} (about 0: these runs show no "
              f"irreducible loss, so E is not identified and its interval is not given)")
         out.append(f"{name}, approach 3: L(N, D) = E + A/N^α + B/D^β with E = {e}, "
                    f"α = {_est(s.alpha)}, β = {_est(s.beta)}; N*(C) ∝ C^a with a = β/(α+β) = "
-                   f"{_est(s.a)}; at the largest run's C = 6ND = {s.largest_compute:.3g} FLOPs, "
-                   f"N* = {_est(n_opt)} parameters and D* = {_est(d_opt)} tokens "
-                   f"({s.runs} runs in {s.cells} cells).")
+                   f"{_est(s.a)}; {_optimum_sentence(s)} ({s.runs} runs in {s.cells} cells).")
     for name, why in a.failed.items():
         out.append(f"{name}: no fit: {why}.")
     for c in a.crossovers:
         out.append(c.sentence().replace("FLOPs", unit) + ".")
     return out
+
+
+def _optimum_sentence(s: SurfaceFit) -> str:
+    bound = s.surface.at_bound()
+    if bound:
+        return (f"{' and '.join(f'{b} = {getattr(s.surface, b):.3g}' for b in bound)} at the bound "
+                f"of the fit's search ({EXPONENT_BOUNDS[0]:g} to {EXPONENT_BOUNDS[1]:g}): these runs "
+                f"do not show how the loss falls with {' and '.join(AXIS[b] for b in bound)}, so the "
+                f"compute-optimal N* and D* are not identified and not given")
+    n_opt, d_opt = s.optimum(s.largest_compute)
+    return (f"at the largest run's C = 6ND = {s.largest_compute:.3g} FLOPs, N* = {_est(n_opt)} "
+            f"parameters and D* = {_est(d_opt)} tokens")
 
 
 def blocks(a: ScalingAnalysis, figures: list[tuple[str, Path]] = ()) -> list[Block]:  # type: ignore[assignment]
@@ -281,7 +290,8 @@ def figures(a: ScalingAnalysis, colors: dict[str, str], out_dir: Path) -> list[t
         low, high = f.band(grid)
         if np.all(np.isfinite(low)):
             ax.fill_between(grid, low, high, color=color, alpha=0.18, linewidth=0)
-        if f.surface is not None:  # approach 3's frontier: the surface at N*(C), D*(C)
+        if f.surface is not None and not f.surface.surface.at_bound():
+            # approach 3's frontier: the surface at N*(C), D*(C)
             c6 = grid if a.unit == "flops" else 6 * grid
             s = f.surface.surface
             ax.plot(grid, s(s.n_opt(c6), s.d_opt(c6)), color=color, linestyle="--", linewidth=1,
@@ -338,6 +348,8 @@ def fit_records(a: ScalingAnalysis) -> list[dict[str, Any]]:
 
 
 SURFACE_KEYS = ("E", "A", "B", "alpha", "beta", "a")
+#: What each of approach 3's exponents measures the loss against.
+AXIS = {"alpha": "parameters (N)", "beta": "tokens (D)"}
 
 
 def surface_record(f: sf.CandidateFit) -> dict[str, Any]:

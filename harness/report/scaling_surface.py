@@ -41,6 +41,8 @@ TERM_GRID = (0.1, 0.4)
 #: Every start runs this many L-BFGS steps; the best POLISHED end points then run to convergence.
 ROUGH_ITERATIONS = 40
 POLISHED = 8
+#: Where the fit searches alpha and beta; an exponent left at either end is not identified.
+EXPONENT_BOUNDS = (1e-3, 5.0)
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,33 @@ class Surface:
         return self.alpha / (self.alpha + self.beta)
 
     @property
+    def log_G(self) -> float:  # noqa: N802 (the paper's name)
+        """log G, computed in logs: where an exponent is near 0, G itself is far beyond a float."""
+        return ((math.log(self.alpha) + math.log(self.A) - math.log(self.beta) - math.log(self.B))
+                / (self.alpha + self.beta))
+
+    @property
     def G(self) -> float:  # noqa: N802 (the paper's name)
-        return float((self.alpha * self.A / (self.beta * self.B)) ** (1 / (self.alpha + self.beta)))
+        with np.errstate(over="ignore"):
+            return float(np.exp(self.log_G))
+
+    def at_bound(self) -> list[str]:
+        """The exponents the fit left at a bound of its search (``EXPONENT_BOUNDS``): there the
+        runs do not identify them, nor the compute-optimal split that divides by them."""
+        return [name for name in ("alpha", "beta")
+                if any(math.isclose(getattr(self, name), b, rel_tol=1e-6) for b in EXPONENT_BOUNDS)]
+
+    def _opt(self, compute: float | np.ndarray, exponent: float, sign: float) -> np.ndarray:
+        with np.errstate(over="ignore", under="ignore"):
+            return np.exp(sign * self.log_G + exponent * np.log(np.asarray(compute, dtype=np.float64) / 6))
 
     def n_opt(self, compute: float | np.ndarray) -> np.ndarray:
-        """The compute-optimal parameters at compute C = 6ND."""
-        return self.G * (np.asarray(compute, dtype=np.float64) / 6) ** self.a
+        """The compute-optimal parameters at compute C = 6ND (inf or 0 where G is beyond a float)."""
+        return self._opt(compute, self.a, 1.0)
 
     def d_opt(self, compute: float | np.ndarray) -> np.ndarray:
         """The compute-optimal training tokens at compute C = 6ND."""
-        return (np.asarray(compute, dtype=np.float64) / 6) ** self.b / self.G
+        return self._opt(compute, self.b, -1.0)
 
 
 def _objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, z: np.ndarray, delta: float
@@ -136,7 +155,7 @@ def fit_surface(n: Sequence[float] | np.ndarray, d: Sequence[float] | np.ndarray
                   for al, be, fe, fa, fb in product(EXPONENT_GRID, EXPONENT_GRID, E_GRID, TERM_GRID,
                                                     TERM_GRID)]
     top = float(z.max()) + 5.0
-    bounds = [(-30.0, top), (-30.0, top), (-30.0, top), (1e-3, 5.0), (1e-3, 5.0)]
+    bounds = [(-30.0, top), (-30.0, top), (-30.0, top), EXPONENT_BOUNDS, EXPONENT_BOUNDS]
 
     def run(s: Sequence[float] | np.ndarray, iterations: int) -> tuple[float, np.ndarray]:
         res = minimize(_objective, np.asarray(s, dtype=np.float64), args=(x, y, z, delta),
@@ -202,15 +221,22 @@ class SurfaceFit:
         return 1e-3 * self.lowest_loss <= self.surface.E
 
     def optimum(self, compute: float) -> tuple[Interval, Interval]:
-        """N*(C) and D*(C) at compute C = 6ND with their percentile intervals."""
+        """N*(C) and D*(C) at compute C = 6ND with their percentile intervals (all NaN when an
+        exponent sits at its bound: :meth:`Surface.at_bound`)."""
+        if self.surface.at_bound():
+            return Interval(math.nan, math.nan, math.nan), Interval(math.nan, math.nan, math.nan)
         q = (1 - self.confidence) / 2
         out = []
         for f in (Surface.n_opt, Surface.d_opt):
             value = float(f(self.surface, compute))
-            reps = np.array([float(f(r, compute)) for r in self.replicates])
-            reps = reps[np.isfinite(reps)]
-            out.append(Interval(value, float(np.quantile(reps, q)), float(np.quantile(reps, 1 - q)))
-                       if reps.size >= 2 else Interval(value, math.nan, math.nan))
+            reps = np.array([math.nan if r.at_bound() else float(f(r, compute))
+                             for r in self.replicates])
+            # replicates whose own optimum is undefined are dropped, unless there are so many
+            # that the interval's tails would be theirs
+            ok = reps[np.isfinite(reps)]
+            enough = ok.size >= 2 and reps.size - ok.size <= (1 - self.confidence) * reps.size
+            out.append(Interval(value, float(np.quantile(ok, q)), float(np.quantile(ok, 1 - q)))
+                       if enough else Interval(value, math.nan, math.nan))
         return out[0], out[1]
 
 
