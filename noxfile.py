@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, smoke, ui, fuzz, bench (and gpu where a GPU exists).
+"""nox sessions: tests, slow, lint, typecheck, smoke, ui, fuzz, bench (and gpu where a GPU exists).
 
 Every session that installs the project installs ``torch==2.13.0`` first (from
 ``$TORCH_INDEX_URL`` when set, e.g. PyTorch's CPU index in CI), so the project's torch range
@@ -36,6 +36,14 @@ def tests(session: nox.Session) -> None:
     """The test suite (CPU; PostgreSQL tests start their own server when it is installed)."""
     install(session)
     session.run("pytest", *session.posargs, env=ENV)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The long end-to-end selection (``pytest -m slow``) in two halves side by side
+    (``.ci/slow``: about 70 minutes alone on one core, so not part of ``.ci/run``)."""
+    install(session)
+    session.run("bash", ".ci/slow", *session.posargs, env=ENV, external=True)
 
 
 @nox.session
