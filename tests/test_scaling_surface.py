@@ -14,6 +14,7 @@ import pytest
 
 from harness.report import scaling_fit as sf
 from harness.report import scaling_surface as ss
+from harness.report.scaling import _optimum_sentence
 
 DATA = Path(__file__).resolve().parent / "data" / "chinchilla" / "points.csv"
 #: Besiroglu et al. 2024, their fit of the extracted data (the 5 highest losses excluded).
@@ -125,7 +126,6 @@ def test_an_exponent_left_at_its_bound_gives_no_optimum_and_the_report_says_why(
     n_opt, d_opt = fit.optimum(6e16)
     assert math.isnan(n_opt.value) and math.isnan(d_opt.value) and not n_opt.defined
     fit.largest_compute = 6e16
-    from harness.report.scaling import _optimum_sentence
     said = _optimum_sentence(fit)
     assert "beta = 0.001 at the bound" in said and "tokens (D)" in said and "not identified" in said
     # G in logs matches the paper's formula in float64 where that formula is finite ...
