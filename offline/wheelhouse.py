@@ -85,6 +85,31 @@ def read_freeze(path: Path) -> dict[str, str]:
     return found
 
 
+#: the oldest setuptools that reads pyproject.toml's SPDX ``license`` string (PEP 639)
+SETUPTOOLS_MIN = (77, 0)
+
+
+def check_setuptools(python: str = sys.executable) -> str:
+    """The version of setuptools ``python`` builds the project's wheel with; Refused when it
+    has none or one older than :data:`SETUPTOOLS_MIN` (the wheel build would fail on the
+    licence field), naming the Python and the fix."""
+    probe = "import setuptools; print(setuptools.__version__)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Refused(f"could not run {python} to read its setuptools ({type(exc).__name__}).") from None
+    version = done.stdout.strip()
+    parts = tuple(int(x) for x in re.findall(r"\d+", version)[:2]) if done.returncode == 0 else ()
+    if len(parts) < 2 or parts < SETUPTOOLS_MIN:
+        have = f"setuptools {version}" if done.returncode == 0 else "no setuptools"
+        raise Refused(f"this script builds the project's wheel with the Python running it ({python}), "
+                      f"which has {have}; pyproject.toml's licence field needs setuptools >= "
+                      f"{'.'.join(map(str, SETUPTOOLS_MIN))}. Run it with a Python that has it (the "
+                      f"project's virtual environment: .venv/bin/python offline/wheelhouse.py ...), or "
+                      f"upgrade it there: {python} -m pip install 'setuptools>=77'.")
+    return version
+
+
 def build_project_wheel(out: Path) -> Path:
     """The project's wheel, built by setuptools from a copy of the checkout's tracked files."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -242,6 +267,7 @@ def mib(n: float) -> str:
 def build(args: argparse.Namespace) -> dict:
     node_file = Path(args.node)
     node = read_freeze(node_file)
+    check_setuptools()  # before anything is written
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         raise Refused(f"--out {out} is not empty: give a new folder (a wheelhouse holds exactly the "

@@ -155,9 +155,11 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from harness.bench import common, gpu
+    from harness.bench import autotune, common, gpu
 
     device = gpu.require_cuda(args.dry_run)  # exit 2 without CUDA, unless a dry run
+    if os.environ.get(autotune.REP_ENV) or os.environ.get(autotune.SLICE_ENV):
+        print(autotune.apply_from_environment(), flush=True)
     if args.deadline is not None:  # the time-boxed proof: sections in processes of their own
         from harness.bench import proof
 
@@ -165,17 +167,18 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
             raise HarnessError("--deadline needs --records DIR: the folder its records are written "
                                "into as each section ends (proof.md, proof.jsonl, tests.xml).")
         records = Path(args.records)
-        clash = [p.name for p in (records / "proof.md", records / "proof.jsonl", records / "tests.xml") if p.exists()]
+        clash = [name for name in proof.Records.NAMES if (records / name).exists()]
         if clash:
             raise HarnessError(f"--records {records} already holds {', '.join(clash)}: give a new folder "
                                f"(a record is never overwritten).")
         proof.run(records, args.deadline, list(args.tests or []), args.test_timeout, args.dry_run,
-                  say=lambda line: print(line, flush=True))
+                  say=lambda line: print(line, flush=True), commit=args.commit)
         return 0
     sections = tuple(args.only or gpu.SECTIONS)
     settings = gpu.dry_run_settings(sections, tuple(args.mixers or ())) if args.dry_run else gpu.Settings(
         sections=sections, mixers=tuple(args.mixers or ()), steps=args.steps, repeats=args.repeats,
         min_time_s=args.min_time)
+    settings.early_path = args.jsonl
     started, t0, load_before = datetime.now(UTC), time.perf_counter(), common.load_line()
     out = common.record_path(args.output, "gpu", "dry-run" if args.dry_run else device, started)
     with tempfile.TemporaryDirectory(prefix="harness-bench-") as home:
@@ -322,7 +325,7 @@ def add_parsers(subparsers: Any) -> None:
                     "--dry-run runs every code path at tiny shapes on the CPU.",
     )
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (code paths only)")
-    p.add_argument("--only", nargs="+", choices=["transformer", "mixers", "attention", "decode"],
+    p.add_argument("--only", nargs="+", choices=["ceiling", "transformer", "mixers", "attention", "decode"],
                    help="only these sections (default: all)")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers (default: every one)")
     p.add_argument("--steps", type=int, default=30, help="training steps of the transformer runs")
@@ -337,6 +340,8 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--tests", nargs="+", default=None, metavar="PATH",
                    help="with --deadline: the pytest files of the tests section (e.g. tests/test_gpu.py)")
     p.add_argument("--test-timeout", type=float, default=90.0, help="seconds per test (pytest-timeout)")
+    p.add_argument("--commit", default=None, metavar="SHA",
+                   help="with --deadline: the commit measured, for the record (a node's copy has no .git)")
     p.add_argument("--jsonl", default=None, help=argparse.SUPPRESS)  # a proof's section: rows as they finish
     _output_arg(p, "gpu")
     p.set_defaults(handler=cmd_bench_gpu)

@@ -128,21 +128,49 @@ def worker_main(measure: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
 def run_worker(module: str, job: dict[str, Any], *, threads: int, timeout_s: float,
                env: dict[str, str] | None = None) -> tuple[dict[str, Any] | None, str]:
     """Run ``python -m module '<job>'`` in a fresh process: (its JSON result, "ok"), or
-    (None, "failed: <reason>")."""
+    (None, "failed: <reason>"). Its stderr is passed on to ours line by line as it comes (a
+    worker killed by a time limit leaves its trace in the log), and its last line is the
+    reason of a failure."""
+    import threading
+
     full_env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(threads),
                 "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **(env or {})}
     cmd = [sys.executable, "-m", module, json.dumps(job)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+    tail: list[str] = []
+    chunks: list[str] = []
+
+    def relay() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail[:] = [*tail[-19:], line]
+
+    def collect() -> None:
+        assert proc.stdout is not None
+        chunks.append(proc.stdout.read())
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (relay, collect)]
+    for reader in readers:
+        reader.start()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         return None, f"failed: over {timeout_s:.0f} s"
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout or "").strip().splitlines()
-        reason = lines[-1] if lines else f"exit code {done.returncode}"
-        if done.returncode < 0:
-            reason = f"killed by signal {-done.returncode} (out of memory?)"
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+    out = "".join(chunks)
+    if proc.returncode != 0:
+        lines = ("".join(tail) or out or "").strip().splitlines()
+        reason = lines[-1] if lines else f"exit code {proc.returncode}"
+        if proc.returncode < 0:
+            reason = f"killed by signal {-proc.returncode} (out of memory?)"
         return None, f"failed: {reason[:120]}"
-    return json.loads(done.stdout.strip().splitlines()[-1]), "ok"
+    return json.loads(out.strip().splitlines()[-1]), "ok"
 
 
 def extrapolate(points: Sequence[tuple[float, float]], x: float, lo: float = 1.0, hi: float = 2.0) -> float | None:

@@ -82,16 +82,18 @@ class Settings:
     steps: int = 30
     warmup: int = 10
     repeats: int = 1
-    sections: tuple[str, ...] = ("transformer", "mixers", "attention", "decode")
+    sections: tuple[str, ...] = ("ceiling", "transformer", "mixers", "attention", "decode")
+    ceiling_size: int = 8192
     mixers: tuple[str, ...] = ()  # empty: every registered mixer
     timeout_s: float = 1800.0
+    early_path: str | None = None  # the proof's JSON lines: the Transformer's warm-up row goes there at once
 
     @property
     def cuda(self) -> bool:
         return self.device == "cuda"
 
 
-SECTIONS = ("transformer", "mixers", "attention", "decode")
+SECTIONS = ("ceiling", "transformer", "mixers", "attention", "decode")
 
 
 def dry_run_settings(sections: tuple[str, ...] = SECTIONS, mixers: tuple[str, ...] = ()) -> Settings:
@@ -100,7 +102,7 @@ def dry_run_settings(sections: tuple[str, ...] = SECTIONS, mixers: tuple[str, ..
     tiny["task"]["params"].update(length=32, num_train=32)
     tiny["model"]["params"].update(d_model=32, layers=1, heads=2)
     tiny["train"].update(batch_size=4, precision="32-true", compile=False, warmup_steps=1)
-    return Settings(device="cpu", d_model=32, heads=2, mixer_lengths=(64,), attention_lengths=(64, 128),
+    return Settings(device="cpu", d_model=32, heads=2, mixer_lengths=(64,), ceiling_size=256, attention_lengths=(64, 128),
                     contexts=(16,), new_tokens=2, decode_layers=1, min_time_s=0.0, transformer=tiny,
                     steps=3, warmup=1, sections=sections, mixers=mixers or ("gla", "mamba"),
                     timeout_s=600.0)
@@ -161,6 +163,8 @@ def time_layer(settings: Settings, run: Callable[[Any], Any], module: Any, lengt
     """tokens/s and peak allocated MB of ``run`` (forward + backward) at ``length``."""
     import torch
 
+    from harness.bench import proof
+
     device = torch.device(settings.device)
     sync = common.synchronizer(device)
     module.to(device)
@@ -176,9 +180,10 @@ def time_layer(settings: Settings, run: Callable[[Any], Any], module: Any, lengt
     try:
         one_pass()  # compile / autotune / initialise outside the measurement
         sync()
-        _, row.peak_mb = common.peak_mb(one_pass, device)
-        sync()
-        times = common.timed(one_pass, settings.min_time_s, sync, max_passes=20)
+        with proof.quiet():  # the proof's warmers leave the GPU to the measurement
+            _, row.peak_mb = common.peak_mb(one_pass, device)
+            sync()
+            times = common.timed(one_pass, settings.min_time_s, sync, max_passes=20)
     except torch.cuda.OutOfMemoryError:
         row.status = "out of memory"
     except Exception as exc:  # a failing layer is a row, not the end of the session
@@ -233,27 +238,58 @@ def _named(row: Row, name: str, implementation: str) -> Row:
 
 
 def mixer_rows(settings: Settings, registry: Any, progress: Callable[[Row], None]) -> list[Row]:
+    """Every mixer at the first length before any at the next; each of a mixer's measurements
+    (reference, fast path, FLA's layer) passed to ``progress`` the moment it is taken."""
     from harness.nn import fast_path
 
     rows = []
-    for name in settings.mixers or tuple(registry.names("mixer")):
-        has_fast = bool(getattr(registry.get("mixer", name).build, "fast_path_ops", ()))
-        for length in settings.mixer_lengths:
-            found = [harness_layer(settings, f"mixer:{name}", "reference", length)]
+
+    def seen(row: Row) -> None:
+        row.section = "mixers"
+        progress(row)
+        rows.append(row)
+
+    names = settings.mixers or tuple(registry.names("mixer"))
+    for length in settings.mixer_lengths:
+        for name in names:
+            has_fast = bool(getattr(registry.get("mixer", name).build, "fast_path_ops", ()))
+            reference = harness_layer(settings, f"mixer:{name}", "reference", length)
             if not has_fast:
-                found[0].implementation = "reference implementation (no kernel here)"
-            elif not settings.cuda:
-                found.append(Row("mixers", f"mixer:{name}", "fla", length, NO_CUDA))
-            elif not fast_path.fla_importable():
-                found.append(Row("mixers", f"mixer:{name}", "fla", length, "n/a: fla-core/triton not installed"))
-            else:
-                found.append(harness_layer(settings, f"mixer:{name}", "fla", length))
-            found.append(fla_layer(settings, name, length))
-            for row in found:
-                row.section = "mixers"
-                progress(row)
-            rows += found
+                reference.implementation = "reference implementation (no kernel here)"
+            seen(reference)
+            if has_fast and not settings.cuda:
+                seen(Row("mixers", f"mixer:{name}", "fla", length, NO_CUDA))
+            elif has_fast and not fast_path.fla_importable():
+                seen(Row("mixers", f"mixer:{name}", "fla", length, "n/a: fla-core/triton not installed"))
+            elif has_fast:
+                seen(harness_layer(settings, f"mixer:{name}", "fla", length))
+            seen(fla_layer(settings, name, length))
     return rows
+
+
+def ceiling_rows(settings: Settings, progress: Callable[[Row], None]) -> list[Row]:
+    """The device's measured matrix-product rate: ``n^3`` bf16 (fp32 on a dry run) products,
+    the best of the timed ones after warm-ups (the ceiling MFU is read against)."""
+    import torch
+
+    from harness.bench import proof
+
+    n = settings.ceiling_size
+    dtype = torch.bfloat16 if settings.cuda else torch.float32
+    a = torch.randn(n, n, device=settings.device, dtype=dtype)
+    b = torch.randn(n, n, device=settings.device, dtype=dtype)
+    sync = common.synchronizer(torch.device(settings.device))
+    for _ in range(3):
+        a @ b
+    sync()
+    with proof.quiet():
+        times = common.timed(lambda: a @ b, max(settings.min_time_s, 0.2), sync, max_passes=50)
+    best = min(times)
+    row = Row("ceiling", f"matmul {n}^3", f"torch.mm {str(dtype).removeprefix('torch.')}", n, "ok",
+              None, 1000 * best, None, {"flops_per_s": 2 * n**3 / best, "tflops": 2 * n**3 / best / 1e12,
+                                        "passes": len(times)})
+    progress(row)
+    return [row]
 
 
 def attention_rows(settings: Settings, progress: Callable[[Row], None]) -> list[Row]:
@@ -289,23 +325,30 @@ def decode_rows(settings: Settings, registry: Any, progress: Callable[[Row], Non
 def transformer_rows(settings: Settings, home: str, progress: Callable[[Row], None]) -> list[Row]:
     from harness.bench import model
 
+    name = "transformer d768 x 12 (GPT-2 small body)" if settings.cuda else "transformer (tiny)"
+    length = settings.transformer["task"]["params"]["length"]
+    early = None
+    if settings.early_path:  # the warm-up run's row, written by the worker before its measured run
+        early = {"path": settings.early_path, "row": {**asdict(Row("transformer", name, "harness", length)),
+                                                        "implementation": "harness (warm-up run)",
+                                                        **device_tags(settings.device)}}
     ms = model.Settings(config=copy.deepcopy(settings.transformer), steps=settings.steps,
                         warmup=settings.warmup, repeats=settings.repeats, device=settings.device,
-                        timeout_s=settings.timeout_s)
+                        timeout_s=settings.timeout_s, early=early)
     peak, source = model.peak_flops(ms)
     harness_runs, reference_runs, shapes = model.benchmark(ms, home, progress=lambda _line: None)
     summary = model.summarise(harness_runs, reference_runs, peak)
-    length = settings.transformer["task"]["params"]["length"]
     rows = []
-    for name, runs, rate, mfu in (("harness", harness_runs, summary.harness_tokens_per_s, summary.mfu_harness),
+    for system, runs, rate, mfu in (("harness", harness_runs, summary.harness_tokens_per_s, summary.mfu_harness),
                                   ("plain PyTorch", reference_runs, summary.reference_tokens_per_s,
                                    summary.mfu_reference)):
         status = "ok" if rate else (runs[0].status if runs else "not run")
-        if isinstance(shapes, str) and name != "harness":
+        if isinstance(shapes, str) and system != "harness":
             status = f"n/a: {shapes}"
-        row = Row("transformer", "transformer d768 x 12 (GPT-2 small body)" if settings.cuda else "transformer (tiny)",
-                  name, length, status, rate, runs[0].step_ms if runs else None, None,
-                  {"mfu": mfu, "peak_source": source, "flops_per_token": runs[0].flops_per_token if runs else None})
+        extra = runs[0].extra if runs else {}
+        row = Row("transformer", name, system, length, status, rate, runs[0].step_ms if runs else None, None,
+                  {"mfu": mfu, "peak_source": source, "flops_per_token": runs[0].flops_per_token if runs else None,
+                   **{k: extra[k] for k in ("graphs_after_first_step", "fixed_s", "first_fixed_s") if k in extra}})
         progress(row)
         rows.append(row)
     return rows
@@ -316,6 +359,8 @@ def benchmark(settings: Settings, home: str, progress: Callable[[Row], None]) ->
 
     registry = load([])
     rows: list[Row] = []
+    if "ceiling" in settings.sections:
+        rows += ceiling_rows(settings, progress)
     if "transformer" in settings.sections:
         rows += transformer_rows(settings, home, progress)
     if "mixers" in settings.sections:
@@ -335,14 +380,21 @@ HEADER = ("| section | layer / model | implementation | L | tokens/s | ms | peak
 def format_row(r: Row) -> str:
     if r.status != "ok":
         return f"| {r.section} | {r.name} | {r.implementation} | {r.length} | {r.status} | | | |"
-    notes = []
-    if r.extra.get("mfu") is not None:
-        notes.append(f"MFU {r.extra['mfu']:.1%}")
-    if r.extra.get("prefill_s") is not None:
-        notes.append(f"prefill {r.extra['prefill_s']:.2f} s")
+    e, notes = r.extra, []
+    if e.get("tflops") is not None:
+        notes.append(f"{e['tflops']:,.0f} TFLOP/s")
+    if e.get("mfu") is not None:
+        notes.append(f"MFU {e['mfu']:.1%}")
+    if e.get("run"):
+        notes.append(str(e["run"]))
+    if e.get("graphs_after_first_step") is not None:
+        notes.append(f"{e['graphs_after_first_step']} graphs compiled after the first step")
+    if e.get("prefill_s") is not None:
+        notes.append(f"prefill {e['prefill_s']:.2f} s")
+    rate = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
     peak = "-" if r.peak_mb is None else f"{r.peak_mb:,.0f}"
     ms = "-" if r.ms is None else f"{r.ms:.2f}"
-    return (f"| {r.section} | {r.name} | {r.implementation} | {r.length} | {r.tokens_per_s:,.0f} | {ms} "
+    return (f"| {r.section} | {r.name} | {r.implementation} | {r.length} | {rate} | {ms} "
             f"| {peak} | {'; '.join(notes)} |")
 
 

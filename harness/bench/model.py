@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ class Settings:
     timeout_s: float = 3600.0
     reference: str = str(REFERENCE)
     peak_flops: float | None = None  # override the table / the measured CPU peak
+    early: dict[str, Any] | None = None  # {"path": a JSON-lines file, "row": fields}: the warm-up run's row
 
 
 @dataclass
@@ -115,38 +117,93 @@ def count_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _graphs() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process so far."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _clock_class() -> Any:
     import lightning as L
 
     class StepClock(L.Callback):  # type: ignore[misc]
         """When each training step starts and ends, its tokens, and the validation loops; after
-        each step it runs one step of ``between`` (the reference), timed on its own."""
+        each step it runs one step of ``between`` (the reference), timed on its own.
 
-        def __init__(self, fmt: Any, between: Any = None) -> None:
-            self.fmt, self.between = fmt, between
+        On a GPU the steps are timed by CUDA events, with one synchronisation when training
+        ends (a per-step synchronisation would stall the host's queueing and bias the rate
+        low); ``host`` keeps the host's clock for the fixed costs. The steps from ``quiet_from``
+        on are timed with the proof's warmers paused (:func:`harness.bench.proof.quiet`)."""
+
+        def __init__(self, fmt: Any, between: Any = None, quiet_from: int | None = None) -> None:
+            self.fmt, self.between, self.quiet_from = fmt, between, quiet_from
             self.steps: list[tuple[float, float, int]] = []
+            self.host: list[tuple[float, float]] = []
             self.between_steps: list[tuple[float, float]] = []
             self.validation: list[tuple[float, float]] = []
             self.model: Any = None
             self.length = 0
+            self.graphs: list[int] = []
             self._t = self._v = 0.0
+            self._events: list[Any] = []  # (start, end, tokens, between start, between end) on CUDA
+            self._quiet: Any = None
 
         def on_train_start(self, trainer: Any, module: Any) -> None:
             self.model = module.model
 
+        def _mark(self, module: Any) -> Any:
+            if module.device.type != "cuda":
+                return time.perf_counter()
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
+            if self.quiet_from is not None and len(self.host) == self.quiet_from and self._quiet is None:
+                from harness.bench import proof
+
+                self._quiet = proof.quiet()
+                self._quiet.__enter__()
             self._t = time.perf_counter()
+            self._start = self._mark(module)
             self.length = self.length or max(batch[k].shape[1] for k in self.fmt.input_keys)
 
         def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, idx: int) -> None:
-            sync = common.synchronizer(module.device)
-            sync()
-            self.steps.append((self._t, time.perf_counter(), self.fmt.tokens(batch)))
+            end = self._mark(module)
+            self.host.append((self._t, time.perf_counter()))
+            tokens = self.fmt.tokens(batch)
+            between: tuple[Any, Any] | None = None
             if self.between is not None:
-                start = time.perf_counter()
-                self.between(len(self.between_steps))
-                sync()
-                self.between_steps.append((start, time.perf_counter()))
+                b0 = self._mark(module)
+                self.between(len(self.host) - 1)
+                between = (b0, self._mark(module))
+            self.graphs.append(_graphs())  # the harness's and the reference's compilations so far
+            if module.device.type == "cuda":
+                self._events.append((self._start, end, tokens, between))
+            else:
+                self.steps.append((self._start, end, tokens))
+                if between is not None:
+                    self.between_steps.append(between)
+
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            if self._events:  # one synchronisation: the events' times, relative to the first
+                import torch
+
+                torch.cuda.synchronize()
+                origin = self._events[0][0]
+                seconds = lambda e: origin.elapsed_time(e) / 1000  # noqa: E731
+                self.steps = [(seconds(a), seconds(b), n) for a, b, n, _ in self._events]
+                self.between_steps = [(seconds(b[0]), seconds(b[1])) for *_, b in self._events if b is not None]
+            if self._quiet is not None:
+                self._quiet.__exit__(None, None, None)
+                self._quiet = None
 
         def on_validation_start(self, trainer: Any, module: Any) -> None:
             self._v = time.perf_counter()
@@ -176,16 +233,20 @@ def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None) -> di
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.max_steps = cfg.train.val_every = steps
-    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference)
+    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference, quiet_from=warmup or None)
+    graphs_before = _graphs()
     start = time.perf_counter()
     train(cfg, callbacks=[clock])
     end = time.perf_counter()
-    first, last = clock.steps[0][0], clock.steps[-1][1]
+    first, last = clock.host[0][0], clock.host[-1][1]
     validation = sum(b - a for a, b in clock.validation if a >= last)
-    after = end - last - sum(b - a for a, b in clock.between_steps if a >= last)
+    after = end - last - (sum(b - a for a, b in clock.between_steps[-1:]) if clock.between_steps else 0.0)
     tokens_per_s, step_ms = throughput(clock.steps, warmup, clock.between_steps)
     result = {"tokens_per_s": tokens_per_s, "step_ms": step_ms, "before_s": first - start, "after_s": after,
               "validation_s": validation, "fixed_s": first - start + after - validation,
+              "first_step_s": clock.host[0][1] - clock.host[0][0],
+              "graphs_first_step": clock.graphs[0] - graphs_before,
+              "graphs_after_first_step": clock.graphs[-1] - clock.graphs[0],
               "params": count_params(clock.model), "flops_per_token": flops_per_token(clock.model, clock.length)}
     if clock.between_steps:
         timed = clock.between_steps[warmup:]
@@ -221,6 +282,13 @@ def measure_harness(job: dict[str, Any]) -> dict[str, Any]:
         tokens = shapes["batch"] * shapes["length"]
         reference = {"params": count_params(model), "flops_per_token": flops_per_token(model, shapes["length"])}
     first = _harness_run(cfg, 2, 0, step)
+    if job.get("early"):  # the warm-up run's row, written before the measured run starts
+        early = job["early"]
+        with open(early["path"], "a") as f:
+            f.write(json.dumps({**early["row"], "ms": 1000 * first["first_step_s"], "extra": {
+                "run": f"warm-up run: 2 steps, first step {first['first_step_s']:.1f} s (compilation "
+                       f"included), {first['before_s']:.1f} s before it",
+                "graphs_after_first_step": first["graphs_after_first_step"], **first}}) + "\n")
     result = _harness_run(cfg, job["steps"], job["warmup"], step)
     if step is not None:
         timed = job["steps"] - job["warmup"]
@@ -351,7 +419,8 @@ def peak_flops(settings: Settings) -> tuple[float | None, str]:
 def run_pair(settings: Settings, home: str, shapes: dict[str, Any] | None) -> tuple[Side, Side]:
     """One repeat: the harness run with the reference's steps interleaved, in a fresh process."""
     job = {"side": "harness", "steps": settings.steps, "warmup": settings.warmup, "threads": settings.threads,
-           "config": run_config(settings), "shapes": shapes, "reference": settings.reference}
+           "config": run_config(settings), "shapes": shapes, "reference": settings.reference,
+           "early": settings.early}
     result, status = common.run_worker("harness.bench.model", job, threads=settings.threads,
                                        timeout_s=settings.timeout_s, env={"HARNESS_HOME": home})
     if result is None:
