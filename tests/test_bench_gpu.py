@@ -248,5 +248,5 @@ def test_the_whole_dry_run_proof_runs_every_section(tmp_path, harness_home):
     text = records.joinpath("proof.md").read_text()
     for section in ("ceiling", "transformer", "attention", "mixers", "tests", "decode"):
         assert f"## {section}: " in text
-    assert "harness (warm-up run)" in text and "graphs compiled after the first step" in text
+    assert "harness (first step)" in text and "graphs compiled after the first step" in text
     assert "| transformer | transformer (tiny) | plain PyTorch |" in text

@@ -330,7 +330,7 @@ def transformer_rows(settings: Settings, home: str, progress: Callable[[Row], No
     early = None
     if settings.early_path:  # the warm-up run's row, written by the worker before its measured run
         early = {"path": settings.early_path, "row": {**asdict(Row("transformer", name, "harness", length)),
-                                                        "implementation": "harness (warm-up run)",
+                                                        "implementation": "harness (first step)",
                                                         **device_tags(settings.device)}}
     ms = model.Settings(config=copy.deepcopy(settings.transformer), steps=settings.steps,
                         warmup=settings.warmup, repeats=settings.repeats, device=settings.device,

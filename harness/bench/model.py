@@ -140,8 +140,9 @@ def _clock_class() -> Any:
         low); ``host`` keeps the host's clock for the fixed costs. The steps from ``quiet_from``
         on are timed with the proof's warmers paused (:func:`harness.bench.proof.quiet`)."""
 
-        def __init__(self, fmt: Any, between: Any = None, quiet_from: int | None = None) -> None:
-            self.fmt, self.between, self.quiet_from = fmt, between, quiet_from
+        def __init__(self, fmt: Any, between: Any = None, quiet_from: int | None = None,
+                     early: dict[str, Any] | None = None) -> None:
+            self.fmt, self.between, self.quiet_from, self.early = fmt, between, quiet_from, early
             self.steps: list[tuple[float, float, int]] = []
             self.host: list[tuple[float, float]] = []
             self.between_steps: list[tuple[float, float]] = []
@@ -185,12 +186,26 @@ def _clock_class() -> Any:
                 self.between(len(self.host) - 1)
                 between = (b0, self._mark(module))
             self.graphs.append(_graphs())  # the harness's and the reference's compilations so far
+            if self.early is not None and len(self.host) == 1:
+                self._first_row(time.perf_counter() - self.host[0][1])
             if module.device.type == "cuda":
                 self._events.append((self._start, end, tokens, between))
             else:
                 self.steps.append((self._start, end, tokens))
                 if between is not None:
                     self.between_steps.append(between)
+
+        def _first_row(self, reference_s: float) -> None:
+            """The first step's row, appended to ``early["path"]`` as it ends (host seconds)."""
+            assert self.early is not None
+            a, b = self.host[0]
+            text = (f"first step {b - a:.1f} s (compilation included)"
+                    + (f", the reference's {reference_s:.1f} s" if self.between is not None else "")
+                    + f"; {self.graphs[0]} graphs compiled so far")
+            row = {**self.early["row"], "ms": 1000 * (b - a), "extra": {"run": text, "first_step_s": b - a,
+                                                                          "reference_first_step_s": reference_s}}
+            with open(self.early["path"], "a") as f:
+                f.write(json.dumps(row) + "\n")
 
         def on_train_end(self, trainer: Any, module: Any) -> None:
             if self._events:  # one synchronisation: the events' times, relative to the first
@@ -225,15 +240,18 @@ def throughput(steps: list[tuple[float, float, int]], warmup: int,
     return sum(t for _, _, t in timed) / seconds, 1000 * common.median([b - a for a, b, _ in timed])
 
 
-def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None) -> dict[str, Any]:
+def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None,
+                 early: dict[str, Any] | None = None) -> dict[str, Any]:
     """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
-    runs one ``reference`` step after each of its steps."""
+    runs one ``reference`` step after each of its steps; with ``early`` ({"path", "row"}) the
+    first step's row (its seconds: compilation included) is appended to that file at once."""
     from harness.run.pipeline import train
     from harness.run.plan import load_registry, plan
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.max_steps = cfg.train.val_every = steps
-    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference, quiet_from=warmup or None)
+    clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference, quiet_from=warmup or None,
+                           early=early)
     graphs_before = _graphs()
     start = time.perf_counter()
     train(cfg, callbacks=[clock])
@@ -281,20 +299,17 @@ def measure_harness(job: dict[str, Any]) -> dict[str, Any]:
         step = module.trainer(model, shapes)
         tokens = shapes["batch"] * shapes["length"]
         reference = {"params": count_params(model), "flops_per_token": flops_per_token(model, shapes["length"])}
-    first = _harness_run(cfg, 2, 0, step)
-    if job.get("early"):  # the warm-up run's row, written before the measured run starts
-        early = job["early"]
-        with open(early["path"], "a") as f:
-            f.write(json.dumps({**early["row"], "ms": 1000 * first["first_step_s"], "extra": {
-                "run": f"warm-up run: 2 steps, first step {first['first_step_s']:.1f} s (compilation "
-                       f"included), {first['before_s']:.1f} s before it",
-                "graphs_after_first_step": first["graphs_after_first_step"], **first}}) + "\n")
-    result = _harness_run(cfg, job["steps"], job["warmup"], step)
+    # a 2-step run first pays the process's first-use costs (the fixed cost's "first run");
+    # job["warmup_run"] False (the GPU proof: its compilations are minutes) leaves it out, and
+    # the measured run's first steps, left out of the throughput, pay them instead
+    early = job.get("early")
+    first = _harness_run(cfg, 2, 0, step, early=early) if job.get("warmup_run", True) else None
+    result = _harness_run(cfg, job["steps"], job["warmup"], step, early=None if first else early)
     if step is not None:
         timed = job["steps"] - job["warmup"]
         reference.update(tokens_per_s=tokens * timed / result.pop("reference_s"),
                          step_ms=result.pop("reference_step_ms"))
-    return {**result, "imports_s": imports, "store_s": store, "first_fixed_s": first["fixed_s"],
+    return {**result, "imports_s": imports, "store_s": store, "first_fixed_s": first and first["fixed_s"],
             "reference": reference}
 
 
@@ -420,7 +435,7 @@ def run_pair(settings: Settings, home: str, shapes: dict[str, Any] | None) -> tu
     """One repeat: the harness run with the reference's steps interleaved, in a fresh process."""
     job = {"side": "harness", "steps": settings.steps, "warmup": settings.warmup, "threads": settings.threads,
            "config": run_config(settings), "shapes": shapes, "reference": settings.reference,
-           "early": settings.early}
+           "early": settings.early, "warmup_run": settings.device != "cuda"}
     result, status = common.run_worker("harness.bench.model", job, threads=settings.threads,
                                        timeout_s=settings.timeout_s, env={"HARNESS_HOME": home})
     if result is None:
