@@ -276,7 +276,32 @@ def clipping(strategy_name: str, grad_clip: float | None) -> tuple[float | None,
     :class:`ClipShardedGradients` (Lightning clips FSDP gradients only by value)."""
     if strategy_name == "fsdp" and grad_clip:
         return None, [AgreeOnStop(), ClipShardedGradients(grad_clip)]
-    return grad_clip, [AgreeOnStop()]
+    if grad_clip:
+        return None, [AgreeOnStop(), ClipGradients(grad_clip)]
+    return None, [AgreeOnStop()]
+
+
+class ClipGradients(L.Callback):
+    """Clip the optimiser's gradients to a total norm, as Lightning's ``gradient_clip_val``
+    does (``torch.nn.utils.clip_grad_norm_`` over the optimiser's parameters, after backward and
+    the gradients' all-reduce, before the step), for every optimiser: Lightning refuses to clip
+    for a fused one (``fused=True`` Adam(W), which the harness uses on a GPU: every GPU run with
+    ``train.grad_clip`` failed at its first step, found by the GPU proof), since under a
+    ``16-mixed`` GradScaler such an optimiser unscales inside its step; here the scaler
+    unscales first (``GradScaler.unscale_``, which fused optimisers accept), so the clip sees
+    true gradients; under bf16 or float32 there is nothing to unscale."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        import torch
+
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            scaler.unscale_(optimizer)  # Lightning unscales the others itself before this hook
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, self.max_norm)
 
 
 class ClipShardedGradients(L.Callback):
