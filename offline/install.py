@@ -192,8 +192,10 @@ def check(manifest: dict, target: Path) -> int:
     points = list(importlib.metadata.entry_points(group="harness"))
     if not points and manifest.get("entry_points", True):
         problems.append("no entry point in group 'harness': the built-in plugins would not load")
-    ops = sorted({op for module in list(sys.modules.values()) if module is not None
-                  and module.__name__.startswith("harness_plugins.mixers")
+    # sys.modules may hold objects that are not modules (a package's lazy stand-ins: on the
+    # H200 node, 'CythonDotParallel' has no __name__): read only the harness's own, by key
+    ops = sorted({op for name, module in list(sys.modules.items())
+                  if name.startswith("harness_plugins.mixers") and module is not None
                   for cls in vars(module).values() if isinstance(cls, type)
                   for op in getattr(cls, "fast_path_ops", ())})
     layers = ["fla.layers.GatedLinearAttention"] if "gpu" in manifest["extras"] else []

@@ -217,3 +217,28 @@ def test_the_installer_refuses_another_python(index, tmp_path):
     (house / "manifest.json").write_text(json.dumps(manifest))
     done = run_installer(Path(sys.executable), house, "--target", str(tmp_path / "site"))
     assert done.returncode == 2 and "for Python 2.7" in done.stderr
+
+
+def test_the_check_reads_past_objects_in_sys_modules_that_are_not_modules(index, tmp_path):
+    """On the H200 node a package left an object without ``__name__`` in sys.modules and the
+    check died with AttributeError; it reads only the harness's own entries."""
+    house = make_house(tmp_path, index, ("alpha",),
+                       "import sys\n\n\nclass StandIn:\n    pass\n\n\nsys.modules['stand_in'] = StandIn()\n")
+    python = node_python(tmp_path / "node", index, ())
+    done = run_installer(python, house, "--target", str(tmp_path / "site"))
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0 and "Traceback" not in out, out
+    assert "ok: 2 modules of demo_pkg imported" in out
+
+
+def test_no_check_installs_only_and_the_check_runs_later(index, tmp_path):
+    """A proof on a short allocation installs, runs, then checks: the check gates nothing."""
+    house = make_house(tmp_path, index, ("alpha",), "import alpha\n")
+    python = node_python(tmp_path / "node", index, ())
+    target = tmp_path / "site"
+    done = run_installer(python, house, "--target", str(target), "--no-check")
+    assert done.returncode == 0 and "installed" in done.stdout and "ok:" not in done.stdout
+    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PYTHONPATH": str(target)}
+    later = subprocess.run([str(python), str(house / "install.py"), "--target", str(target), "--check-only"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert later.returncode == 0 and "ok: 2 modules of demo_pkg imported" in " ".join(later.stdout.split())
