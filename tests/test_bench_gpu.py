@@ -250,3 +250,20 @@ def test_the_whole_dry_run_proof_runs_every_section(tmp_path, harness_home):
         assert f"## {section}: " in text
     assert "harness (first step)" in text and "graphs compiled after the first step" in text
     assert "| transformer | transformer (tiny) | plain PyTorch |" in text
+
+
+def test_time_a_section_leaves_unused_goes_to_the_next(tmp_path, monkeypatch):
+    """The first H200 call ended with 157 s of its deadline unused while later sections stopped
+    at their caps: a section's unused seconds now extend the next one's cap."""
+    from harness.bench import proof
+
+    def bench(records, section, dry_run, timeout, env=None):
+        if section == "ceiling":
+            return 0, 0.1  # done at once, 8 s of its cap unused
+        return proof.run_group([sys.executable, "-c", "import time; time.sleep(60)"], timeout)
+
+    monkeypatch.setattr(proof, "bench_section", bench)
+    monkeypatch.setattr(proof, "DRY_SLACK", 1.0)
+    monkeypatch.setattr(proof, "BUDGET", {"ceiling": (8.0, 1.0), "transformer": (2.0, 1.0), "decode": (30.0, 1.0)})
+    outcomes = proof.run(tmp_path / "r", 600.0, [], 60.0, dry_run=True, say=lambda _line: None)
+    assert outcomes[1].status.startswith("stopped at its cap") and 7.0 < outcomes[1].seconds < 20.0

@@ -21,7 +21,8 @@ Every row is appended to ``DIR/proof.jsonl`` the moment it is measured (each of 
 three measurements, the Transformer's warm-up run before its measured runs), and each
 section's table to ``DIR/proof.md`` the moment the section ends, so a run stopped by its
 allocation keeps everything finished before. A section is started only with at least its
-minimum time left before the deadline, else it is skipped and named. Every process's stderr
+minimum time left before the deadline, else it is skipped and named; the time a section
+leaves unused under its cap goes to the next (never the time the later sections need to start). Every process's stderr
 goes to the caller's (the log). ``DIR`` then holds at most four files (``proof.md``,
 ``proof.jsonl``, ``tests.xml``, ``freeze.txt``). ``--dry-run`` runs the same on the CPU at
 tiny shapes (no warmers: FLA's kernels need CUDA).
@@ -356,10 +357,14 @@ def run(folder: Path, deadline: float, tests: list[str], per_test: float, dry_ru
                  f"({'harness.bench.autotune: each compiles 1/N of every autotuned configuration, paused while a section times the GPU' if warmers else 'no CUDA or no FLA here'}); "
                  f"autotuned configurations timed {AUTOTUNE_REP_MS:g} ms each in the measuring processes.\n")
     outcomes = []
-    for section in tuple(BUDGET):  # in order; a test may give fewer
+    banked = 0.0  # seconds earlier sections left unused under their caps: the next ones may use them
+    sections = tuple(BUDGET)  # in order; a test may give fewer
+    for n, section in enumerate(sections):
         cap, least = BUDGET[section]
         cap *= DRY_SLACK if dry_run else 1.0
         left = deadline - (time.perf_counter() - t0)
+        reserve = sum(BUDGET[later][1] for later in sections[n + 1:])  # the least each later one needs
+        cap = max(cap, min(cap + banked, left - reserve))
         if section == "tests" and not tests:
             outcomes.append(Outcome(section, "skipped: no --tests given"))
             continue
@@ -390,6 +395,7 @@ def run(folder: Path, deadline: float, tests: list[str], per_test: float, dry_ru
             text = section_markdown(records, section, status, seconds, note)
         if warmers is not None:
             warmers.resume()
+        banked = max(0.0, timeout - seconds)
         records.text(text)
         records.event(event="section", section=section, status=status, seconds=round(seconds, 1))
         outcomes.append(Outcome(section, status, seconds))

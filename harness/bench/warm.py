@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = gpu.Settings(min_time_s=0.0)
     workload(settings, tuple(args.mixers), tuple(args.lengths))
     mixers_s = time.perf_counter() - start
+    print(f"warm {args.slice}: the mixers' shapes in {mixers_s:.0f} s: {stats['compiled']} configurations "
+          f"compiled ({stats['failed']} refused) for {stats['keys']} kernel calls", flush=True)
     if args.done:
         Path(args.done).touch()
     tests = [t for t in args.tests if Path(t).is_file()]
