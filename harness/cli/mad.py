@@ -54,10 +54,11 @@ def _mad(args: argparse.Namespace) -> int:
         return 1
     from harness.report.mad import gather, write
 
-    out = Path(args.out) if args.out else tracking.home() / "reports" / suite.name
+    name = str(suite.name)  # load_suite names every suite
+    out = Path(args.out) if args.out else tracking.home() / "reports" / name
     res = gather(suite, handles)
     first = next(iter(handles.values()))
-    folder, run = write(res, out, first.tracker, suite.name)
+    folder, run = write(res, out, first.tracker, name)
     print(f"MAD report: {folder / 'mad.md'} (also {folder / 'mad.html'}, mad.json and a figure "
           f"per task); MLflow run {run} in experiment '{suite.name}'")
     for cand in sorted(res.candidates, key=lambda c: -_finite(res.score(c).mean)):

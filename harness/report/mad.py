@@ -226,7 +226,7 @@ def figures(res: MadResults, out_dir: Path) -> dict[str, Path]:
     import matplotlib.pyplot as plt
 
     colors = palette(res.candidates)
-    made = {}
+    made: dict[str, Path] = {}
     for task in res.suite.tasks:
         if task not in res.cells:
             continue

@@ -127,7 +127,7 @@ class MadSuite(Strict):
     name: Name | None = None
     description: str = ""
     candidates: list[Candidate] = Field(min_length=1)
-    tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS), min_length=1,
+    tasks: list[TaskName] = Field(default_factory=lambda: list(TASKS), min_length=1,  # type: ignore[arg-type]
                                   description="the MAD tasks to run (default: all six)")
     settings: dict[TaskName, TaskOverride] = Field(
         default_factory=dict, description="per task: baseline and changes over MAD's")
