@@ -135,7 +135,7 @@ def blocks(res: MadResults, figures: dict[str, Path]) -> list[Any]:
     seeds_rows = [[cand] + [_pct(res.score(cand).by_seed[s]) for s in res.seeds] for cand in ranked]
     out += [("h2", "MAD score per seed"), ("table", (["candidate"] + [f"seed {s}" for s in res.seeds],
                                             seeds_rows))]
-    if suite.reference is not None:
+    if suite.reference is not None or suite.orderings:
         out += reference_blocks(res)
     for task in suite.tasks:
         if task not in res.cells:
@@ -180,40 +180,32 @@ def _setting(cell: Cell) -> str:
 
 
 def reference_blocks(res: MadResults) -> list[Any]:
-    """The paper's numbers beside ours, and every pair of mapped candidates: whether our
-    ordering is the paper's, with our difference and its interval over seeds."""
+    """The paper's numbers beside ours (``reference``), and each published ordering
+    (``orderings``): our difference with its interval over seeds, and whether it agrees."""
+    out: list[Any] = [("h2", "Beside the paper")]
     ref = res.suite.reference
-    assert ref is not None
+    if ref is not None:
+        rows = [[r.model, "-" if r.value is None else f"{r.value:g}", r.candidate or "-",
+                 _with_interval(res.score(r.candidate)) if r.candidate else "-", r.note] for r in ref.rows]
+        out += [("p", f"{ref.source}: {ref.metric}."),
+                ("table", (["published model", "published", "our candidate", "ours (%)", "note"], rows))]
+        out += [("p", "Differences in protocol: " + "; ".join(ref.differences) + ".")] if ref.differences else []
     rows = []
-    mapped = [(r.model, r.value, r.candidate) for r in ref.rows]
-    for model, value, cand in mapped:
-        ours = _with_interval(res.score(cand)) if cand else "-"
-        rows.append([model, "-" if value is None else f"{value:g}", cand or "-", ours])
-    out: list[Any] = [("h2", "Beside the paper"), ("p", f"{ref.source}: {ref.metric}."),
-                      ("table", (["published model", "published", "our candidate", "ours (%)"],
-                                 [r[:4] for r in rows]))]
-    pairs = []
-    known = [(m, v, c) for m, v, c in mapped if v is not None and c]
-    for i, (m1, v1, c1) in enumerate(known):
-        for m2, v2, c2 in known[i + 1:]:
-            if v1 == v2:
-                continue
-            hi, lo = ((m1, c1), (m2, c2)) if v1 > v2 else ((m2, c2), (m1, c1))
-            a, b = res.score(hi[1]).by_seed, res.score(lo[1]).by_seed
-            diff = {s: a[s] - b[s] for s in res.seeds}
-            d = Score(diff, res.suite.confirm.confidence)
-            iv = d.interval
-            verdict = ("reproduces" if d.mean > 0 else "reversed") + (
-                " (interval excludes 0)" if iv.defined and (iv.low > 0 or iv.high < 0) else
-                " (interval includes 0: not resolved)" if iv.defined else "")
-            pairs.append([f"{hi[0]} > {lo[0]}", f"{hi[1]} - {lo[1]}",
-                          f"{100 * d.mean:+.1f}" + (f" [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
-                                                    if iv.defined else ""), verdict])
-    if pairs:
-        out += [("h2", "Orderings"), ("p", "Each pair the paper orders, and our difference of MAD "
-                                           "scores (points, mean over seeds and its interval)."),
-                ("table", (["paper", "ours", "difference", "verdict"], pairs))]
-    out += [("p", "Differences in protocol: " + "; ".join(ref.differences) + ".")] if ref.differences else []
+    for o in res.suite.orderings:
+        a, b = (res.task_score(o.task, c).by_seed if o.task else res.score(c).by_seed
+                for c in (o.better, o.worse))
+        d = Score({s: a[s] - b[s] for s in res.seeds}, res.suite.confirm.confidence)
+        iv = d.interval
+        resolved = iv.defined and (iv.low > 0 or iv.high < 0)
+        verdict = ("n/a" if math.isnan(d.mean) else ("agrees" if d.mean > 0 else "disagrees")
+                   + (" (resolved: the interval excludes 0)" if resolved else " (not resolved: the interval includes 0)"))
+        rows.append([f"{o.better} > {o.worse}", o.task or "MAD score", f"{100 * d.mean:+.1f}"
+                     + (f" [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]" if iv.defined else ""), verdict, o.source])
+    if rows:
+        out += [("p", f"Each ordering the paper states, and ours: the difference of the two scores in "
+                      f"points (mean over seeds {', '.join(map(str, res.seeds))}, "
+                      f"{stats.interval_label(len(res.seeds), res.suite.confirm.confidence)} interval)."),
+                ("table", (["published ordering", "score", "our difference", "ours", "source"], rows))]
     return out
 
 

@@ -116,6 +116,15 @@ class TaskOverride(Strict):
         None, description="replaces MAD's changes (one setting per value, the rest at baseline)")
 
 
+class Ordering(Strict):
+    """A published claim that one candidate scores above another (``better > worse``)."""
+
+    better: str
+    worse: str
+    task: TaskName | None = Field(None, description="one task's score; default: the MAD score")
+    source: str = Field(min_length=1, description="where the paper says so")
+
+
 class MadBudget(Strict):
     steps: int = Field(ge=1, le=10**8, description="optimizer steps of every run (MAD: 200 epochs)")
     time_per_run_s: float | None = Field(None, gt=0)
@@ -141,12 +150,17 @@ class MadSuite(Strict):
     data_seed: Seed = 0
     plugins: list[str] = Field(default_factory=list)
     reference: Reference | None = Field(None, description="the paper's numbers, shown beside ours")
+    orderings: list[Ordering] = Field(default_factory=list,
+                                      description="published orderings of candidates the report checks")
 
     @model_validator(mode="after")
     def _names(self) -> MadSuite:
         names = [c.name for c in self.candidates]
         if len(set(names)) < len(names):
             raise ValueError(f"candidate names must be unique: {', '.join(names)}")
+        unknown = sorted({n for o in self.orderings for n in (o.better, o.worse)} - set(names))
+        if unknown:
+            raise ValueError(f"orderings name candidates the suite lacks: {', '.join(unknown)}")
         for task, override in self.settings.items():
             mad = TASKS[task]
             unknown = sorted(set(override.baseline) - set(mad.baseline))
