@@ -213,3 +213,23 @@ def test_harness_mad_scores_every_candidate_and_records_it(tmp_path, capsys):
             float(r.data.params["train.lr"]))
     assert len(lrs) == 8 and all(sorted(v) == [1e-3, 3e-3] for v in lrs.values())
     assert "attn: MAD score" in capsys.readouterr().out
+
+
+def test_published_orderings_are_checked_with_the_difference_over_seeds():
+    from harness.report.mad import MadResults, reference_blocks
+
+    cands = [{"name": "a", "model": MODEL}, {"name": "b", "model": MODEL}]
+    s = suite(candidates=cands, tasks=["memorization"], confirm={"seeds": 3},
+              orderings=[{"better": "a", "worse": "b", "source": "paper"},
+                         {"better": "b", "worse": "a", "task": "memorization", "source": "other"}])
+    res = MadResults(s, [1, 2, 3])
+    res.cells = {"memorization": {"a": {"base": {1: 0.9, 2: 0.8, 3: 0.85}},
+                                  "b": {"base": {1: 0.5, 2: 0.6, 3: 0.4}}}}
+    table = next(v for k, v in reference_blocks(res) if k == "table")
+    (first, second) = table[1]
+    diffs = [0.4, 0.2, 0.45]
+    low, high = scipy.stats.t.interval(0.95, 2, loc=sum(diffs) / 3, scale=scipy.stats.sem(diffs))
+    assert first[2] == f"{100 * sum(diffs) / 3:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+    assert first[3].startswith("agrees (resolved") and second[3].startswith("disagrees (resolved")
+    with pytest.raises(ValueError, match="lacks: c"):
+        suite(orderings=[{"better": "a", "worse": "c", "source": "x"}])
