@@ -233,3 +233,16 @@ def test_published_orderings_are_checked_with_the_difference_over_seeds():
     assert first[3].startswith("agrees (resolved") and second[3].startswith("disagrees (resolved")
     with pytest.raises(ValueError, match="lacks: c"):
         suite(orderings=[{"better": "a", "worse": "c", "source": "x"}])
+
+
+def test_harness_mad_refuses_a_bad_suite_naming_the_field(tmp_path, capsys):
+    from harness.cli.main import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(TINY.replace("changes: {seq_len: [12]}", "changes: {seq_length: [12]}"))
+    assert main(["mad", str(path)]) == 2
+    err = flat(capsys.readouterr().err)
+    assert "settings.compression.changes: unknown seq_length" in err and "Traceback" not in err
+    path.write_text("name: x\ntask: {name: copy}\n")
+    assert main(["mad", str(path)]) == 2
+    assert "is not a MAD suite (kind: mad)" in flat(capsys.readouterr().err)
