@@ -107,6 +107,7 @@ from harness.nn.blocks import (
     make_norm,
 )
 from harness.nn.both_ways import BothWays, reverse_rows
+from harness.nn.bottleneck import BottleneckReadout
 from harness.nn.decoding import edit_distance, greedy, greedy_steps
 from harness.nn.mixer import Complexity, LayerCache, Mixer
 from harness.nn.parametrization import qk_divisor, qk_scale
@@ -146,7 +147,7 @@ __all__ = [
     # position schemes
     "PositionScheme", "sinusoids", "relative_positions",
     # models: backbone layers, recurrent layers and models
-    "TaskInfo", "ScaledEmbedding", "FeedForward", "SwiGLU", "TransformerBlock", "make_norm", "make_mlp",
+    "TaskInfo", "ScaledEmbedding", "BottleneckReadout", "FeedForward", "SwiGLU", "TransformerBlock", "make_norm", "make_mlp",
     "RecurrentLM", "RecurrentConfig", "BidirectionalEncoder", "make_rnn",
     # tasks, and decoding helpers for their metrics
     "Task", "TaskConfig", "Vocab", "Example", "PAD", "BOS", "EOS", "SEP", "as_lm", "lm_windows",

@@ -14,7 +14,8 @@ from harness.study.schema import load_study_config
 from harness.study.space import load_registry, validate
 
 STUDIES = [p for p in sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
-           if "candidates" in yaml.safe_load(p.read_text())]  # not the run configs
+           if "candidates" in yaml.safe_load(p.read_text())  # not the run configs
+           and yaml.safe_load(p.read_text()).get("kind", "study") == "study"]  # MAD suites: test_mad
 
 
 def test_a_profile_merges_mappings_and_replaces_everything_else():

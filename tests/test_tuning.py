@@ -16,7 +16,8 @@ from harness.study.worker import make_pruner
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = [p for p in sorted((ROOT / "studies").glob("*.yaml"))
-           if "candidates" in yaml.safe_load(p.read_text())]
+           if "candidates" in yaml.safe_load(p.read_text())
+           and yaml.safe_load(p.read_text()).get("kind", "study") == "study"]  # MAD suites: test_mad
 BASE = {"task": {"name": "copy"}, "candidates": [{"name": "a", "model": {"name": "transformer"}}],
         "budget": {"trials": 6, "steps": 600}, "train": {"val_every": 100}}
 

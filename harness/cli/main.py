@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: cheap modules at top level and imports heavy ones inside its handlers.
 EXTENSION_MODULES = ("harness.study.cli", "harness.bench.cli", "harness.cli.check", "harness.cli.scaffold",
                      "harness.data.cli", "harness.cli.trained", "harness.evaluation.cli",
-                     "harness.evaluation.probe_cli")
+                     "harness.evaluation.probe_cli", "harness.cli.mad")
 
 
 class _Version(argparse.Action):

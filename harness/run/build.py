@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.data.tasks import Task, TaskInfo
-from harness.errors import ConfigError, HarnessError, OutOfMemory, PluginError, shorten
+from harness.errors import (
+    ConfigError,
+    HarnessError,
+    IncompatibleError,
+    OutOfMemory,
+    PluginError,
+    shorten,
+)
 from harness.run.plan import Component, ModelParts, Plan
 from harness.runtime.threads import run_threads
 
@@ -168,6 +175,7 @@ def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
             lambda d_model, num_heads: mixer(d_model=d_model, num_heads=num_heads))
     try:
         built = model.spec.build(model.params, **kwargs)
+        check_bottleneck(built, model.name, info)
         if parts.parametrization == "mup":
             with_mup(built, parts, kwargs)
         return built
@@ -184,6 +192,19 @@ def build_model_from(parts: ModelParts, info: TaskInfo) -> Any:
             f"model '{model.name}' cannot be allocated with its params ({shorten(sizes, 300)}): "
             f"{shorten(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, 200)}. "
             f"Nothing was trained or recorded. Lower the model's size.") from None
+
+
+def check_bottleneck(built: Any, name: str, info: TaskInfo) -> None:
+    """A task that reads a model through one position (``extra["bottleneck"]``: compression)
+    needs a model that honours it; one that ignores it would copy every token through its
+    own position and score perfectly without compressing anything."""
+    wanted = info.extra.get("bottleneck")
+    if wanted is not None and getattr(built, "bottleneck", None) != wanted:
+        raise IncompatibleError(
+            f"the task reads the model through one position (bottleneck: {wanted}, MAD's "
+            f"compression) and model '{name}' does not implement that readout (its module sets "
+            f"no bottleneck = {wanted!r}). Use the transformer model (with any attention or "
+            f"mixer), or give your model harness.plugin.BottleneckReadout.")
 
 
 def with_mup(built: Any, parts: ModelParts, kwargs: dict[str, Any]) -> None:

@@ -272,13 +272,15 @@ class Budget(Strict):
 
 
 class SamplerConfig(Strict):
-    name: Literal["tpe", "random", "nsgaii"] = "tpe"
+    name: Literal["tpe", "random", "nsgaii", "grid"] = "tpe"  # grid: harness.study.grid
     seed: StudySeed | None = 0
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the sampler")
 
     @model_validator(mode="after")
     def _options(self) -> SamplerConfig:
         """The options must make a sampler (checked here, not in the first trial)."""
+        if self.options and self.name == "grid":
+            raise ValueError("options: sampler grid takes none (its points are the search lists)")
         if self.options:
             import optuna
 

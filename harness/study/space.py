@@ -25,7 +25,7 @@ from harness.config import TrainConfig, format_validation_error
 from harness.errors import ConfigError, HarnessError, PluginError, short_repr, shorten
 from harness.params import Choice, Range, resolve, unknown_params_error
 from harness.registry.specs import Registry
-from harness.study import recall, transfer
+from harness.study import grid, recall, transfer
 from harness.study.budget import check_one_step, run_budget
 from harness.study.candidates import (
     CandidateSpace,
@@ -127,6 +127,17 @@ class StudySpace:
     @property
     def objective_length(self) -> int:
         return self.config.objective.length or self.train_length
+
+    def train_length_of(self, cand: CandidateSpace) -> int:
+        """A candidate's training length: its own task params may set another than the study's."""
+        if "length" not in cand.candidate.task:
+            return self.train_length
+        return int(self.task_for(self.task_config(cand)["params"]).train_length)
+
+    def objective_length_of(self, cand: CandidateSpace) -> int:
+        """The length a candidate's objective is read at: ``objective.length``, else the
+        candidate's own training length."""
+        return self.config.objective.length or self.train_length_of(cand)
 
     def candidate(self, name: str) -> CandidateSpace:
         for cand in self.candidates:
@@ -446,6 +457,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
         )
     for cand in cands:
         _check_candidate_task(space, cand)
+    grid.check(space)
     if config.multi_objective and config.pruner.name != "none":
         space.notes.append(
             f"pruner '{config.pruner.name}' disabled: Optuna does not prune multi-objective studies"

@@ -370,9 +370,11 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
             log: Log) -> StudyHandle:
     import optuna
 
+    from harness.study import grid
     from harness.study.schema import protocol_params
 
     config = space.config
+    points = grid.points(config)  # sampler grid: tuning slot i tries point i
     name = str(config.name)
     tracker = tracking.Tracker(tracking_uri)
     experiment = config.tracking.experiment or name
@@ -399,7 +401,8 @@ def _create(space: StudySpace, storage: Any, storage_url: str, tracking_uri: str
                     attrs: dict[str, Any] = {Attr.SLOT: slot}
                     if seed is not None:
                         attrs[Attr.SEED] = seed
-                    study.enqueue_trial({}, user_attrs=attrs)
+                    fixed = points[slot] if points and phase == Phase.TUNE else {}
+                    study.enqueue_trial(fixed, user_attrs=attrs)
     from harness.run.plan import documents_of
 
     record = {

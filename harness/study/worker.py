@@ -48,7 +48,8 @@ def make_sampler(config: StudyConfig, seed: int | None) -> Any:
     import optuna
 
     classes = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
-               "nsgaii": optuna.samplers.NSGAIISampler}
+               "nsgaii": optuna.samplers.NSGAIISampler,
+               "grid": optuna.samplers.RandomSampler}  # grid: each slot's values are enqueued
     try:
         return classes[config.sampler.name](seed=seed, **config.sampler.options)
     except TypeError as exc:
@@ -115,17 +116,26 @@ def trial_callback(trial: Any, monitor: str, *, report: bool, prune: bool, max_s
                                length=length, fixed=fixed)
 
 
-def pruning_metric(config: StudyConfig, space: StudySpace) -> str:
-    """What the pruner compares trials by: the objective's metric at the objective's length."""
-    length = space.objective_length
-    return val_key(config.objective.metric) if length == space.train_length else \
+def pruning_metric(config: StudyConfig, space: StudySpace, cand: CandidateSpace | None = None) -> str:
+    """What the pruner compares trials by: the objective's metric at the objective's length
+    (``cand``'s own: :meth:`StudySpace.objective_length_of`)."""
+    length, train = _lengths(space, cand)
+    return val_key(config.objective.metric) if length == train else \
         val_key(config.objective.metric, length)
 
 
-def run_cannot_extrapolate(run: dict[str, Any], space: StudySpace) -> bool:
+def _lengths(space: StudySpace, cand: CandidateSpace | None) -> tuple[int, int]:
+    """(objective length, training length) of a candidate's runs (the study's without one)."""
+    if cand is None:
+        return space.objective_length, space.train_length
+    return space.objective_length_of(cand), space.train_length_of(cand)
+
+
+def run_cannot_extrapolate(run: dict[str, Any], space: StudySpace, cand: CandidateSpace | None = None) -> bool:
     """Whether a trial's model declares it cannot run past its training inputs (only asked when
     the objective is at another length: the pruner then validates there too)."""
-    if space.objective_length == space.train_length:
+    length, train = _lengths(space, cand)
+    if length == train:
         return False
     from harness.config import parse_run_config
     from harness.run.evaluate import fixed_length
@@ -134,9 +144,10 @@ def run_cannot_extrapolate(run: dict[str, Any], space: StudySpace) -> bool:
     return fixed_length(plan(parse_run_config(run), space.registry))
 
 
-def objective_values(config: StudyConfig, space: StudySpace, result: Any) -> list[float]:
+def objective_values(config: StudyConfig, space: StudySpace, result: Any,
+                     length: int | None = None) -> list[float]:
     o = config.objective
-    key = val_key(o.name) if o.over != "length" else val_key(o.metric, space.objective_length)
+    key = val_key(o.name) if o.over != "length" else val_key(o.metric, length or space.objective_length)
     if key not in result.metrics:
         na = f" It cannot run at lengths {result.not_applicable}." if result.not_applicable else ""
         raise HarnessError(
@@ -244,11 +255,12 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
             run["tracking"] = {"uri": handle.tracker.uri, "experiment": handle.record["experiment"],
                                "run_name": run_name(tags)}
             trial.set_user_attr(Attr.CONFIG, run)
+            length = space.objective_length_of(job.cand)
             callback = trial_callback(
-                trial, pruning_metric(cfg, space), report=not cfg.multi_objective,
+                trial, pruning_metric(cfg, space, job.cand), report=not cfg.multi_objective,
                 prune=job.phase == Phase.TUNE and not cfg.multi_objective,
-                max_steps=int(run["train"].get("max_steps") or 10**9), length=space.objective_length,
-                fixed=run_cannot_extrapolate(run, space))
+                max_steps=int(run["train"].get("max_steps") or 10**9), length=length,
+                fixed=run_cannot_extrapolate(run, space, job.cand))
             resume = resumable_run(handle, job.trial)
             if resume is not None:
                 log(f"{label} resuming run {resume} from its last checkpoint")
@@ -260,7 +272,7 @@ def run_job(handle: StudyHandle, space: StudySpace, job: Job, worker: str, displ
                 log(f"{label} {downstream(handle, space, result)}")
             if cfg.objective.over != "length":
                 grid_objective(handle, space, result)
-            values = objective_values(cfg, space, result)
+            values = objective_values(cfg, space, result, length)
             if result.run_id:
                 handle.tracker.set_tags(result.run_id, {Tag.NOTE: child_note(handle, space, tags, values[0])})
             study.tell(trial, values, skip_if_finished=True)

@@ -51,6 +51,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     PAD,
     SEP,
     BothWays,
+    BottleneckReadout,
     Choice,
     FloatRange,
     Ge,
@@ -117,7 +118,9 @@ class Transformer(nn.Module):
                 "causal: false on an lm task lets every position see the token it must predict "
                 "(lm targets are the inputs shifted by one); keep causal attention for lm tasks"
             )
-        self.causal = (not encoder) if cfg.causal is None else cfg.causal
+        # a task may ask a tagger to read left to right (MAD's memorization and compression)
+        hinted = bool(task.extra.get("causal")) and self.tag
+        self.causal = (not encoder or hinted) if cfg.causal is None else cfg.causal
         if cfg.bidirectional_mixer and self.causal:
             raise ValueError("bidirectional_mixer runs a mixer both ways, which an encoder allows and a "
                              "causal model does not; drop it or set causal: false on a classification task")
@@ -145,6 +148,9 @@ class Transformer(nn.Module):
         self.final_norm = (make_norm(cfg.norm_layer, d) if cfg.norm == "pre"
                            else nn.Identity())
         out = task.num_classes if encoder else task.vocab_size
+        # compression: every output rebuilt from the last position (harness.nn.bottleneck)
+        self.bottleneck = task.extra.get("bottleneck") if self.tag else None
+        self.readout = BottleneckReadout(d, cfg.norm_layer) if self.bottleneck else None
         self.head = (classifier_head(cfg, d, out, self.two_tower) if self.classify
                      else nn.Linear(d, out, bias=False))
         if cfg.tie_embeddings and not encoder and self.embed.weight.shape[1] == d:
@@ -188,6 +194,8 @@ class Transformer(nn.Module):
             x, maps = self.encode(tokens, padding_mask, cache, return_attention)
             if self.classify:
                 x = self.pool(x, padding_mask)
+            elif self.readout is not None:
+                x = self.readout(x, padding_mask)
         logits = self.head(x)
         return (logits, maps) if return_attention else logits
 
