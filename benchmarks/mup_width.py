@@ -101,7 +101,7 @@ class Runs:
         if a.dry_run:
             return math.nan
         out = train_one(run_config(model, width, par, lr, mults, seed, a), self.registry)
-        row = {**job, "phase": phase, "val": a.val, **out, "load": os.getloadavg()[0]}
+        row = {**job, "phase": phase, "val": a.val, **out, "load": os.getloadavg()[0], "finished": time.time()}
         self.done[self.key(row)] = row
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -114,6 +114,22 @@ class Runs:
         vals = [self.loss(model, par, width, lr, mults, s, phase) for s in range(seeds)]
         vals = [v if math.isfinite(v) else 10.0 for v in vals]  # a diverged run counts as very bad
         return statistics.fmean(vals)
+
+
+def cache_tasks() -> None:
+    """Every run reads the same task (its params and data seed): build it once (2 s a run)."""
+    import harness.run.build as build
+
+    built: dict[str, Any] = {}
+    plain = build.build_task
+
+    def cached(p: Any, seed: int) -> Any:
+        key = json.dumps([p.task.as_dict(), seed], sort_keys=True, default=str)
+        if key not in built:
+            built[key] = plain(p, seed)
+        return built[key]
+
+    build.build_task = cached  # type: ignore[assignment]
 
 
 def best_lr(losses: dict[int, float]) -> int:
@@ -187,6 +203,7 @@ def main() -> int:
     import harness
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cache_tasks()
     runs = Runs(args, harness.load_plugins())
     started = time.time()
     plan = {}
