@@ -1,6 +1,6 @@
 """The record of ``benchmarks/mup_width.py``: tables and Fig. 1-style figures from its rows.
 
-    python benchmarks/mup_width_report.py --raw benchmarks/mup_width/raw.jsonl \\
+    python benchmarks/mup_width_report.py --raw benchmarks/mup_width/{lstm,transformer}.jsonl \\
         --output benchmarks/mup_width_cpu.md --figures benchmarks/mup_width
 
 Targets (issue 52): at every width from the base up, μP with the base-tuned values at least as
@@ -178,14 +178,19 @@ def figure(model: str, sp: Any, mup: Any, widths: list[int], tuned: int, fig_dir
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--raw", default="benchmarks/mup_width/raw.jsonl")
-    ap.add_argument("--plan", default=None, help="the tuned values (default: --raw with .plan.json)")
+    ap.add_argument("--raw", nargs="+", default=["benchmarks/mup_width/lstm.jsonl",
+                                                 "benchmarks/mup_width/transformer.jsonl"],
+                    help="rows of mup_width.py (each beside its .plan.json: the tuned values)")
     ap.add_argument("--figures", default="benchmarks/mup_width")
     ap.add_argument("--output", default="-")
     ap.add_argument("--header", default=None, help="a Markdown file put before the tables (setup, command)")
     args = ap.parse_args()
-    rows = load(args.raw)
-    plan = json.loads(Path(args.plan or Path(args.raw).with_suffix(".plan.json")).read_text())
+    rows = [r for raw in args.raw for r in load(raw)]
+    plan = {}
+    for raw in args.raw:
+        path = Path(raw).with_suffix(".plan.json")
+        if path.exists():
+            plan.update(json.loads(path.read_text()))
     widths = sorted({r["width"] for r in rows})
     summary = ["| model | width | SP best log2 lr (seed 0) | SP tuned per width: loss mean ± sd (seeds) | "
                "μP base-tuned: loss mean ± sd (seeds) | μP − SP, paired [95% t interval] | μP at least as good | "

@@ -232,3 +232,40 @@ def test_a_bad_multiplier_search_is_refused_naming_the_field(tmp_path, change, m
         cfg_ = load_study_config(path)
         validate(cfg_, load_registry(cfg_))
     assert message in " ".join(str(err.value).split())
+
+
+def with_mup(model_cfg, **mults):
+    from harness.config import ModelConfig
+
+    return ModelConfig.model_validate({**model_cfg.model_dump(), "mup": mults})
+
+
+def test_a_plugin_from_new_plugin_gets_the_multipliers_without_code(tmp_path):
+    """The attention template's scores (through qk_divisor) and the model template's readout and
+    embedding, each against the formula in float64."""
+    from harness.cli.main import main
+    from harness.testing import coord
+
+    for kind in ("attention", "model"):
+        assert main(["new-plugin", kind, f"my_{kind}", "--out", str(tmp_path)]) == 0
+    reg = harness.load_plugins(str(tmp_path / "my_attention.py"), str(tmp_path / "my_model.py"))
+    alpha = 2.5
+    cfg_att, _ = coord.model_config(reg, "attention", "my_attention", 96, "mup", 32)
+    att = coord.build(reg, with_mup(cfg_att, attn_mult=alpha), "lm", 0)
+    layer = next(m for m in att.modules() if isinstance(getattr(m, "qk_dim", None), int))
+    d, d_base = 96 // 4, 32 // 4
+    q, k = (torch.randn(2, 4, 5, d, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+    squared = ((q[..., :, None, :] - k[..., None, :, :]) ** 2).sum(-1)
+    expected = -squared * alpha * math.sqrt(d_base) / (layer.temperature * d)  # alpha_attn sqrt(d_base) / d
+    assert torch.allclose(layer.score(q, k), expected, atol=1e-10)
+
+    cfg_model, _ = coord.model_config(reg, "model", "my_model", 80, "mup", 20)
+    net = coord.build(reg, with_mup(cfg_model, output_mult=3.0, input_mult=0.5),
+                      "lm", 0).double()
+    t = tokens(4)
+    assert torch.allclose(net.embed(t), 0.5 * net.embed.weight.detach()[t])
+    seen = []
+    net.head.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()), prepend=True)
+    logits = net(t)
+    expected = 3.0 * 20 / 80 * seen[0] @ net.head.weight.detach().T + net.head.bias.detach()
+    assert torch.allclose(logits.detach(), expected, atol=1e-10)
