@@ -25,7 +25,6 @@ heads), so its attention keeps the standard 1/sqrt(d_head) scale at every width.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -48,8 +47,7 @@ MODELS = {
 }
 WIDTH_PARAM = {"lstm": "width"}
 HAS_ATTENTION = {"transformer", "gla"}
-SWEEPS = {"input_mult": [0.25, 0.5, 2.0, 4.0], "attn_mult": [0.5, 2.0, 4.0], "init_std_mult": [0.5, 2.0],
-          "zero_readout": [True]}
+SWEEPS = {"input_mult": [0.5, 2.0], "attn_mult": [0.5, 2.0], "init_std_mult": [0.5, 2.0], "zero_readout": [True]}
 
 
 def model_config(model: str, width: int, par: str, base: int, mults: dict[str, Any], args: Any) -> dict[str, Any]:
@@ -178,8 +176,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["transformer", "lstm"], choices=list(MODELS))
     ap.add_argument("--widths", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--head-dim", type=int, default=16)
-    ap.add_argument("--output-mults", nargs="+", type=float, default=[1.0, 2.0, 4.0, 8.0, 16.0])
-    ap.add_argument("--lr-start", nargs=2, type=int, default=[-8, -5], metavar=("LO", "HI"))
+    ap.add_argument("--output-mults", nargs="+", type=float, default=[1.0, 4.0, 16.0])
+    ap.add_argument("--lr-start", nargs=2, type=int, default=[-7, -5], metavar=("LO", "HI"))
     ap.add_argument("--lr-limits", nargs=2, type=int, default=[-12, -1], metavar=("LO", "HI"))
     ap.add_argument("--lr-steps", type=int, default=1, help="μP at each width: the base's best lr +- this many steps")
     ap.add_argument("--all-lrs", action="store_true", help="every seed at every lr (default: the seeds after the "
@@ -221,7 +219,7 @@ def main() -> int:
                     continue
                 if seed == 0:  # bracketed on the first seed, each start from the last width's best
                     last = sp_best[max(sp_best)] if sp_best else tuned["log2_lr_standard"]
-                    got = bracket(lambda e, w=width: runs.loss(model, "standard", w, 2.0**e, {}, 0, "sp"),
+                    got = bracket(lambda e, w=width, m=model: runs.loss(m, "standard", w, 2.0**e, {}, 0, "sp"),
                                   [last - 1, last, last + 1], tuple(args.lr_limits))
                     sp_best[width] = best_lr(got)
                 else:

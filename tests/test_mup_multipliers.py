@@ -168,7 +168,6 @@ def test_a_bad_multiplier_exits_2_from_the_command_line(tmp_path, capsys):
 # -- in a study ------------------------------------------------------------------------------
 def study(tmp_path, **change):
     import yaml
-
     from test_mup_study import STUDY
 
     data = copy.deepcopy(STUDY)
@@ -269,3 +268,23 @@ def test_a_plugin_from_new_plugin_gets_the_multipliers_without_code(tmp_path):
     logits = net(t)
     expected = 3.0 * 20 / 80 * seen[0] @ net.head.weight.detach().T + net.head.bias.detach()
     assert torch.allclose(logits.detach(), expected, atol=1e-10)
+
+
+def test_a_scaling_study_under_mup_carries_the_multipliers_to_every_cell(tmp_path):
+    import yaml
+
+    from harness.study.schema import load_study_config
+    from harness.study.space import load_registry, validate
+    from test_mup_study import SCALING
+
+    data = copy.deepcopy(SCALING)
+    data["candidates"][0]["model"]["mup"] = {"output_mult": 4.0}
+    data["search"] = {"mup.input_mult": [0.5, 2.0]}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg_ = load_study_config(path)
+    space = validate(cfg_, load_registry(cfg_))
+    assert len(space.candidates) == 9
+    for cand in space.candidates:
+        run = space.run_config(cand, None, seed=0)
+        assert run["model"]["mup"]["output_mult"] == 4.0 and run["model"]["mup"]["input_mult"] == 0.5

@@ -65,9 +65,8 @@ def input_layers(model: nn.Module) -> list[nn.Module]:
         w = getattr(module, "weight", None)
         if not isinstance(w, Tensor) or not hasattr(w, "infshape") or w.dim() != 2:
             continue
-        if isinstance(module, nn.Embedding) and _grows(w, 1) and not _grows(w, 0):
-            out.append(module)
-        elif isinstance(module, nn.Linear) and _grows(w, 0) and not _grows(w, 1):
+        embedding = isinstance(module, nn.Embedding) and _grows(w, 1) and not _grows(w, 0)
+        if embedding or (isinstance(module, nn.Linear) and _grows(w, 0) and not _grows(w, 1)):
             out.append(module)
     return out
 

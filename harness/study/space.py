@@ -103,15 +103,20 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
         if key in config.train:
             raise ConfigError(f"search.{key}: also fixed under train; keep one.")
         kind = TRAIN_SEARCHABLE[key]
-        rng = parse_range(raw, kind if kind in (int, float) else None, f"search.{key}")
-        for value in range_values(rng):
-            try:
-                TrainConfig.model_validate({key: value})
-            except ValidationError as exc:
-                detail = format_validation_error(exc, "the study", TrainConfig).split(f"{key}: ", 1)[-1]
-                raise ConfigError(f"search.{key}: {value!r} is invalid: {detail}") from None
-        ranges[key] = rng
+        ranges[key] = _checked_range(key, raw, kind if kind in (int, float) else None, TrainConfig, key)
     return ranges
+
+
+def _checked_range(key: str, raw: Any, kind: type | None, schema: Any, name: str) -> Range:
+    """``search.KEY``'s range, every value in it checked as ``schema``'s field ``name``."""
+    rng = parse_range(raw, kind, f"search.{key}")
+    for value in range_values(rng):
+        try:
+            schema.model_validate({name: value})
+        except ValidationError as exc:
+            detail = format_validation_error(exc, "the study", schema).split(f"{name}: ", 1)[-1]
+            raise ConfigError(f"search.{key}: {value!r} is invalid: {detail}") from None
+    return rng
 
 
 def _parse_mup(config: StudyConfig) -> dict[str, Range]:
@@ -130,14 +135,7 @@ def _parse_mup(config: StudyConfig) -> dict[str, Range]:
         if name not in fields:
             raise unknown_params_error([key], sorted(MUP_PREFIX + f for f in fields), "search")
         numeric = fields[name].annotation is not bool
-        rng = parse_range(raw, float if numeric else None, f"search.{key}")
-        for value in range_values(rng):
-            try:
-                MupMultipliers.model_validate({name: value})
-            except ValidationError as exc:
-                detail = format_validation_error(exc, "the study", MupMultipliers).split(f"{name}: ", 1)[-1]
-                raise ConfigError(f"search.{key}: {short_repr(value)} is invalid: {detail}") from None
-        ranges[name] = rng
+        ranges[name] = _checked_range(key, raw, float if numeric else None, MupMultipliers, name)
     for i, cand in enumerate(config.candidates):
         fixed = cand.model.mup is not None
         if not (ranges or fixed) or in_mup(config, cand):
