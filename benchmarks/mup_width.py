@@ -10,9 +10,12 @@ benchmark resumes where it stopped and nothing finished is lost):
    (``input_mult``, ``attn_mult`` where the model has attention, ``init_std_mult``,
    ``zero_readout``); each kept where it lowers the mean loss by more than ``--keep``;
 3. ``mup``: μP at every width with the base-tuned multipliers, over the learning rates around
-   the base's best (``--lr-steps`` grid steps each side), ``--seeds`` seeds;
+   the base's best (``--lr-steps`` grid steps each side) on the first seed, and the other
+   seeds at the base's best (``--all-lrs``: at every lr);
 4. ``sp``: the standard parametrization at every width over its learning-rate grid (bracketed
-   until the best lies inside), ``--seeds`` seeds.
+   on the first seed until the best lies inside), the other seeds at that best.
+
+A width at a time, smallest first: what an interrupted run leaves is complete up to a width.
 
 The same steps, batch and tokens at every width; validation on ``--val`` windows. Widths grow
 the Transformer by heads at a fixed head dimension (``--head-dim``; ``model.base`` names the
@@ -209,22 +212,22 @@ def main() -> int:
         plan[model] = tuned = tune_base(runs, model, args)
         print(f"{model}: tuned at width {args.base}: lr 2^{tuned['log2_lr']}, {tuned['mults']}", flush=True)
         sp_best: dict[int, int] = {}
-        for seed in range(args.seeds):  # the first seed at every width and lr, then the others
-            lrs = args.lr_steps if seed == 0 or args.all_lrs else 0
-            for width in args.widths:
-                if "mup" in args.phases:
-                    for e in range(tuned["log2_lr"] - lrs, tuned["log2_lr"] + lrs + 1):
-                        runs.loss(model, "mup", width, 2.0**e, tuned["mults"], seed, "mup")
-                if "sp" not in args.phases:
-                    continue
-                if seed == 0:  # bracketed on the first seed, each start from the last width's best
-                    last = sp_best[max(sp_best)] if sp_best else tuned["log2_lr_standard"]
-                    got = bracket(lambda e, w=width, m=model: runs.loss(m, "standard", w, 2.0**e, {}, 0, "sp"),
-                                  [last - 1, last, last + 1], tuple(args.lr_limits))
-                    sp_best[width] = best_lr(got)
-                else:
-                    for e in range(sp_best[width] - lrs, sp_best[width] + lrs + 1):
-                        runs.loss(model, "standard", width, 2.0**e, {}, seed, "sp")
+        for width in args.widths:  # a width at a time, so that what finishes is complete to that width
+            mup = lambda e, s, w=width, m=model, x=tuned["mults"]: runs.loss(m, "mup", w, 2.0**e, x, s, "mup")  # noqa: E731
+            sp = lambda e, s, w=width, m=model: runs.loss(m, "standard", w, 2.0**e, {}, s, "sp")  # noqa: E731
+            if "mup" in args.phases:
+                mup(tuned["log2_lr"], 0)
+            if "sp" in args.phases:  # bracketed on the first seed, starting from the last width's best
+                last = sp_best[max(sp_best)] if sp_best else tuned["log2_lr_standard"]
+                sp_best[width] = best_lr(bracket(lambda e, f=sp: f(e, 0), [last - 1, last, last + 1],
+                                                 tuple(args.lr_limits)))
+            for seed in range(args.seeds):
+                lrs = args.lr_steps if seed == 0 or args.all_lrs else 0
+                for d in range(-lrs, lrs + 1):
+                    if "mup" in args.phases:
+                        mup(tuned["log2_lr"] + d, seed)
+                    if "sp" in args.phases and (seed > 0 or args.all_lrs):
+                        sp(sp_best[width] + d, seed)
         plan[model]["sp_log2_lr"] = sp_best
         Path(args.raw).with_suffix(".plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     print(f"done in {(time.time() - started) / 60:.1f} min", flush=True)

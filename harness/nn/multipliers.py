@@ -60,7 +60,7 @@ def input_layers(model: nn.Module) -> list[nn.Module]:
     """The modules that map finite inputs to the width: an ``nn.Embedding`` whose embedding
     dimension grows and vocabulary does not, an ``nn.Linear`` whose fan-out grows and fan-in
     does not."""
-    out = []
+    out: list[nn.Module] = []
     for module in model.modules():
         w = getattr(module, "weight", None)
         if not isinstance(w, Tensor) or not hasattr(w, "infshape") or w.dim() != 2:
@@ -81,7 +81,7 @@ def apply(model: nn.Module, mults: dict[str, Any]) -> None:
     import torch
 
     m = {**NEUTRAL, **mults}
-    roles = model.mup_roles  # type: ignore[attr-defined]
+    roles: dict[str, Any] = getattr(model, "mup_roles")  # noqa: B009  (set by parametrization.apply)
     readouts = readout_modules(model)
     name = type(model).__name__
     if m["output_mult"] != 1 and not readouts:
@@ -100,7 +100,7 @@ def apply(model: nn.Module, mults: dict[str, Any]) -> None:
             raise _refuse("attn_mult", f"model {name} has no attention-like scores (no module with a "
                                        f"qk_dim) for alpha_attn to scale")
         for mod in attention:
-            mod.mup_attn_mult = float(m["attn_mult"])
+            mod.mup_attn_mult = float(m["attn_mult"])  # type: ignore[assignment]  # read by qk_scale
     inputs = input_layers(model)
     if m["input_mult"] != 1:
         if not inputs:
@@ -114,7 +114,7 @@ def apply(model: nn.Module, mults: dict[str, Any]) -> None:
                                       f"would start at zero too (untie them, e.g. tie_embeddings: false)")
     with torch.no_grad():
         if m["init_std_mult"] != 1:
-            weights = {id(mod.weight): mod.weight for mod in inputs}
+            weights: dict[int, Any] = {id(mod.weight): mod.weight for mod in inputs}
             params = dict(model.named_parameters())
             weights.update({id(params[n]): params[n] for n, r in roles.items() if r.role in ("hidden", READOUT)})
             for w in weights.values():
