@@ -211,6 +211,7 @@ def main() -> int:
     for model in args.models:
         plan[model] = tuned = tune_base(runs, model, args)
         print(f"{model}: tuned at width {args.base}: lr 2^{tuned['log2_lr']}, {tuned['mults']}", flush=True)
+        Path(args.raw).with_suffix(".plan.json").write_text(json.dumps(plan, indent=1) + "\n")
         sp_best: dict[int, int] = {}
         for width in args.widths:  # a width at a time, so that what finishes is complete to that width
             mup = lambda e, s, w=width, m=model, x=tuned["mults"]: runs.loss(m, "mup", w, 2.0**e, x, s, "mup")  # noqa: E731

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 Row = dict[str, Any]
+#: what identifies a run (mup_width.Runs.key)
+KEY = ("model", "parametrization", "width", "lr", "mults", "seed", "steps", "batch", "length")
 
 
 def load(path: str) -> list[Row]:
@@ -75,7 +77,11 @@ def model_section(rows: list[Row], model: str, plan: dict[str, Any], widths: lis
     mup = cells(rows, model, "mup", mults, base)
     sp = cells(rows, model, "standard", None, base)
     summary, lines = [], []
-    sp_best = {int(k): v for k, v in plan.get("sp_log2_lr", {}).items()}
+    sp_best = {}  # the standard parametrization's best lr per width, on the first seed (as the runs chose it)
+    for w in widths:
+        first = {e: s[0] for (ww, e), s in sp.items() if ww == w and 0 in s}
+        if first:
+            sp_best[w] = min(first, key=lambda e: first[e])
     mup_means, mup_best = [], {}
     for w in widths:
         lrs0 = {e: s[0] for (ww, e), s in mup.items() if ww == w and 0 in s}
@@ -87,10 +93,10 @@ def model_section(rows: list[Row], model: str, plan: dict[str, Any], widths: lis
         ok = (diff <= 0 or (math.isfinite(lo) and lo <= 0)) if n else None
         edge = mup_best[w] is not None and abs(mup_best[w] - tuned) >= 1 and mup_best[w] in (min(lrs0), max(lrs0))
         summary.append(
-            f"| {model} | {w} | {sp_best.get(w, '-')} | {mean(list(s.values())):.4f} ± {sd(list(s.values())):.4f} "
+            f"| {model} | {w} | {f'{sp_best[w]:g}' if w in sp_best else '-'} | {mean(list(s.values())):.4f} ± {sd(list(s.values())):.4f} "
             f"({fmt_seeds(s)}) | {mean(list(m.values())):.4f} ± {sd(list(m.values())):.4f} ({fmt_seeds(m)}) | "
             f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}] | {'yes' if ok else 'no' if ok is not None else '-'} | "
-            f"{mup_best[w] if mup_best[w] is not None else '-'}{' (edge)' if edge else ''} |")
+            f"{f'{mup_best[w]:g}' if mup_best[w] is not None else '-'}{' (edge)' if edge else ''} |")
     wider = all(b <= a for a, b in zip(mup_means, mup_means[1:], strict=False) if math.isfinite(a) and math.isfinite(b))
     moves = [abs(mup_best[w] - tuned) for w in widths if mup_best[w] is not None]
     lines += [f"### {model}", "",
@@ -150,7 +156,7 @@ def figure(model: str, sp: Any, mup: Any, widths: list[int], tuned: int, fig_dir
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True)
     colours = plt.cm.viridis([i / max(1, len(widths) - 1) for i in range(len(widths))])
     for ax, (title, table) in zip(axes, (("standard parametrization", sp), ("μP, base-tuned multipliers", mup)), strict=True):
         for c, w in zip(colours, widths, strict=True):
@@ -185,7 +191,8 @@ def main() -> int:
     ap.add_argument("--output", default="-")
     ap.add_argument("--header", default=None, help="a Markdown file put before the tables (setup, command)")
     args = ap.parse_args()
-    rows = [r for raw in args.raw for r in load(raw)]
+    unique = {json.dumps([r[k] for k in KEY], sort_keys=True): r for raw in args.raw for r in load(raw)}
+    rows = list(unique.values())  # a run in two files (a second process started from a copy) once
     plan = {}
     for raw in args.raw:
         path = Path(raw).with_suffix(".plan.json")
