@@ -48,7 +48,9 @@ coordinate check, :mod:`harness.testing.coord`):
   named in its ``mup_fixed`` and held at their base-width values.
 
 At the base width every multiplier is 1 and nothing is rescaled: the μP model is the standard
-one, bit for bit (``tests/test_mup.py``).
+one, bit for bit (``tests/test_mup.py``). The constants μP tunes at the base width besides the
+learning rate (output, attention and input multipliers, initial std, zero readout:
+``model.mup``) are :mod:`harness.nn.multipliers`, applied after this.
 """
 
 from __future__ import annotations
