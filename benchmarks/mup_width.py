@@ -82,8 +82,13 @@ class Runs:
 
     def __init__(self, args: Any, registry: Any) -> None:
         self.args, self.registry, self.path = args, registry, Path(args.raw)
+        self.done: dict[str, dict[str, Any]] = {}
+        self.read()
+
+    def read(self) -> None:
+        """The rows in ``--raw`` (again before each run: another process may share the file)."""
         rows = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
-        self.done = {self.key(r): r for r in rows}
+        self.done.update({self.key(r): r for r in rows})
 
     @staticmethod
     def key(r: dict[str, Any]) -> str:
@@ -97,6 +102,8 @@ class Runs:
             par, mults = "mup", {}
         job = {"model": model, "parametrization": par, "width": width, "lr": lr, "mults": mults, "seed": seed,
                "steps": a.steps, "batch": a.batch, "length": a.length}
+        if self.key(job) not in self.done:
+            self.read()
         if self.key(job) in self.done:
             return float(self.done[self.key(job)]["val_loss"])
         if a.dry_run:

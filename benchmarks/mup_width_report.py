@@ -62,6 +62,8 @@ def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, floa
     d = [a[s] - b[s] for s in seeds]
     if len(d) < 2:
         return (d[0] if d else math.nan), math.nan, math.nan, len(d)
+    if statistics.stdev(d) == 0:  # the same model (μP with no multipliers at the base width)
+        return d[0], d[0], d[0], len(d)
     lo, hi = stats.t.interval(0.95, len(d) - 1, loc=statistics.fmean(d), scale=statistics.stdev(d) / math.sqrt(len(d)))
     return statistics.fmean(d), float(lo), float(hi), len(d)
 
