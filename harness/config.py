@@ -100,6 +100,28 @@ class ComponentConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+Multiplier = Annotated[float, Field(gt=0, le=1e4)]
+
+
+class MupMultipliers(Strict):
+    """μP's hyper-parameters besides the learning rate, tuned at the base width and carried
+    unchanged to any width (Yang et al. 2022, Tensor Programs V, section 4 and the GPT-3
+    experiments; :mod:`harness.nn.multipliers`). Each 1 (and a random readout) is μP as it
+    was before they existed; at the base width with all of them 1 μP is the standard model."""
+
+    output_mult: Multiplier = Field(1.0, description=(
+        "alpha_out: the readout's input is multiplied by output_mult x base/width (logits)"))
+    attn_mult: Multiplier = Field(1.0, description=(
+        "alpha_attn: every query-key scale multiplied by it (models with attention-like scores)"))
+    input_mult: Multiplier = Field(1.0, description=(
+        "alpha_in: the output of every input layer (token and position embeddings, input "
+        "projections) multiplied by it"))
+    init_std_mult: Multiplier = Field(1.0, description=(
+        "sigma: the initial std of every weight matrix (hidden, readout, input layers) "
+        "multiplied by it"))
+    zero_readout: bool = Field(False, description="the readout's weights start at zero")
+
+
 class ModelConfig(ComponentConfig):
     attention: ComponentConfig | None = None
     #: a sequence mixer that is not softmax attention (``{name: mamba}``), for a model that
@@ -128,11 +150,18 @@ class ModelConfig(ComponentConfig):
         default_factory=dict, exclude_if=lambda b: not b,
         description="mup only: the params that grow with width, at their base values")
 
+    #: μP's base-width multipliers (output, attention, input, initial std, zero readout)
+    mup: MupMultipliers | None = Field(
+        None, exclude_if=lambda m: m is None,
+        description="mup only: multipliers tuned at the base width (output_mult, attn_mult, "
+                    "input_mult, init_std_mult, zero_readout)")
+
     @model_validator(mode="after")
     def _base_needs_mup(self) -> ModelConfig:
-        if self.base and self.parametrization != "mup":
-            raise ValueError("base is the base shape of parametrization: mup; set "
-                             "parametrization: mup or remove base")
+        for field, value in (("base", self.base), ("mup", self.mup)):
+            if value and self.parametrization != "mup":
+                raise ValueError(f"{field} belongs to parametrization: mup (μP); set "
+                                 f"parametrization: mup or remove {field}")
         return self
 
 

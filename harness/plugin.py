@@ -110,7 +110,7 @@ from harness.nn.both_ways import BothWays, reverse_rows
 from harness.nn.bottleneck import BottleneckReadout
 from harness.nn.decoding import edit_distance, greedy, greedy_steps
 from harness.nn.mixer import Complexity, LayerCache, Mixer
-from harness.nn.parametrization import qk_divisor, qk_scale
+from harness.nn.parametrization import qk_changed, qk_divisor, qk_scale
 from harness.nn.position import PositionScheme, relative_positions, sinusoids
 from harness.nn.recurrent import BidirectionalEncoder, RecurrentConfig, RecurrentLM, make_rnn
 from harness.nn.running_sums import (
@@ -140,7 +140,7 @@ __all__ = [
     "ConfigError", "PluginError", "MissingDataError", "HarnessWarning",
     # attention variants
     "Attention", "AttentionConfig", "AttentionCache", "FusedDotProductAttention",
-    "allowed_mask", "masked_softmax", "scaled", "sdpa_mask", "qk_scale", "qk_divisor",
+    "allowed_mask", "masked_softmax", "scaled", "sdpa_mask", "qk_scale", "qk_divisor", "qk_changed",
     "RunningSumAttention", "causal_block", "kernel_weights", "ratio_or_zero",
     # mixers; documents kept apart inside a sequence (harness.nn.documents, a module)
     "documents", "Mixer", "LayerCache", "Complexity", "BothWays", "reverse_rows",

@@ -57,6 +57,7 @@ class ${Class}Attention(Attention):
         """(B, H, Lq, D) queries, (B, H, Lk, D) keys -> (B, H, Lq, Lk) scores."""
         squared = (q * q).sum(-1)[..., :, None] - 2 * q @ k.transpose(-2, -1) + (k * k).sum(-1)[..., None, :]
         # sqrt(d) as the Transformer's; under muP (model.parametrization: mup) qk_divisor grows as d
+        # beyond the base width and divides by model.mup.attn_mult (docs/mup.md)
         return -squared / (self.temperature * qk_divisor(self, q.shape[-1]))
 
 

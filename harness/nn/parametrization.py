@@ -48,7 +48,9 @@ coordinate check, :mod:`harness.testing.coord`):
   named in its ``mup_fixed`` and held at their base-width values.
 
 At the base width every multiplier is 1 and nothing is rescaled: the μP model is the standard
-one, bit for bit (``tests/test_mup.py``).
+one, bit for bit (``tests/test_mup.py``). The constants μP tunes at the base width besides the
+learning rate (output, attention and input multipliers, initial std, zero readout:
+``model.mup``) are :mod:`harness.nn.multipliers`, applied after this.
 """
 
 from __future__ import annotations
@@ -90,21 +92,28 @@ def qk_scale(module: Any, dim: int, standard: Any, *, fixed: bool = False) -> An
     computes it, as ``F.scaled_dot_product_attention`` does); ``fixed``: that scale does not
     depend on ``dim`` (an unscaled variant's 1). Under μP: ``c · base / dim``, c the standard
     scale at the base width (scores fall as 1/d), or c itself when the module's queries and
-    keys have unit length (``qk_normalized``: their product is of order 1 at any width)."""
-    base = getattr(module, "mup_qk_base", None)
-    if base is None or base == dim:
+    keys have unit length (``qk_normalized``: their product is of order 1 at any width).
+    Both times the attention multiplier ``model.mup.attn_mult`` (:mod:`harness.nn.multipliers`)."""
+    if not qk_changed(module, dim):
         return standard
+    base = getattr(module, "mup_qk_base", None) or dim
     at_base = standard if fixed else base**-0.5
+    at_base *= getattr(module, "mup_attn_mult", 1.0)
     if getattr(module, "qk_normalized", False):
         return at_base
     return at_base * base / dim
 
 
+def qk_changed(module: Any, dim: int) -> bool:
+    """Whether μP changes ``module``'s query-key scale at query width ``dim`` (beyond the base
+    width, or with an attention multiplier)."""
+    return getattr(module, "mup_qk_base", None) not in (None, dim) or getattr(module, "mup_attn_mult", 1.0) != 1
+
+
 def qk_divisor(module: Any, dim: int) -> float:
     """sqrt(dim), what a caller dividing its queries by sqrt(dim) divides by; under μP the
     inverse of :func:`qk_scale`."""
-    return 1.0 / qk_scale(module, dim, None) if getattr(module, "mup_qk_base", None) not in (None, dim) \
-        else math.sqrt(dim)
+    return 1.0 / qk_scale(module, dim, None) if qk_changed(module, dim) else math.sqrt(dim)
 
 
 def is_mup(module: Any) -> bool:
@@ -130,8 +139,7 @@ def _named(model: nn.Module) -> dict[str, Tensor]:
 def roles(model: nn.Module) -> dict[str, str]:
     """Each parameter's role from its ``infshape`` (:func:`harness.nn.widths.set_dims`): readout
     for the weight of an ``nn.Linear`` whose fan-in is a width and fan-out is not."""
-    readouts = {id(m.weight) for m in model.modules()
-                if isinstance(m, nn.Linear) and _is_readout(m.weight)}
+    readouts = {id(m.weight) for m in readout_modules(model)}
     out = {}
     for name, p in _named(model).items():
         n = p.infshape.ninf()  # type: ignore[attr-defined]
@@ -212,12 +220,17 @@ def apply(model: nn.Module, bases: list[nn.Module], deltas: list[nn.Module], wid
     return out
 
 
+def readout_modules(model: nn.Module) -> list[nn.Linear]:
+    """The readouts of a model with infshapes: each ``nn.Linear`` whose fan-in grows and fan-out
+    does not."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and _is_readout(m.weight)]
+
+
 def _readout_multipliers(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and _is_readout(module.weight):
-            mult = float(module.weight.infshape.width_mult())  # type: ignore[attr-defined]
-            if mult != 1:
-                module.register_forward_pre_hook(InputMultiplier(1.0 / mult))
+    for module in readout_modules(model):
+        mult = float(module.weight.infshape.width_mult())  # type: ignore[attr-defined]
+        if mult != 1:
+            module.register_forward_pre_hook(InputMultiplier(1.0 / mult))
 
 
 def _module_multipliers(model: nn.Module, base: nn.Module) -> None:

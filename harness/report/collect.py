@@ -229,12 +229,14 @@ def child_runs(handle: StudyHandle) -> dict[str, Any]:
 
 def config_key(optuna_param: str) -> str:
     """The flattened config key of a searched Optuna parameter (``attention.dropout`` ->
-    ``model.attention.params.dropout``)."""
+    ``model.attention.params.dropout``, ``mup.output_mult`` -> ``model.mup.output_mult``)."""
     role, _, name = optuna_param.partition(".")
     if role == "model":
         return f"model.params.{name}"
     if role == "train":
         return f"train.{name}"
+    if role == "mup":  # μP's base-width multipliers (study search mup.FIELD)
+        return f"model.mup.{name}"
     return f"model.{role}.params.{name}"
 
 

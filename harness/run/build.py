@@ -219,6 +219,10 @@ def with_mup(built: Any, parts: ModelParts, kwargs: dict[str, Any]) -> None:
         lambda values: spec.build(dataclasses.replace(params, **values), **kwargs), parts.base)
     name, value = next(iter(parts.base.items()))
     parametrization.apply(built, bases, deltas, getattr(params, name) / value)
+    if parts.multipliers:
+        from harness.nn import multipliers
+
+        multipliers.apply(built, parts.multipliers)
 
 
 def count_parameters(model: Any) -> int:

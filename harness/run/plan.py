@@ -56,6 +56,8 @@ class ModelParts:
     #: ``standard`` or ``mup`` (``harness.nn.parametrization``), and μP's base shape
     parametrization: str = "standard"
     base: dict[str, int] = field(default_factory=dict)
+    #: μP's base-width multipliers (``model.mup``: harness.nn.multipliers), as given
+    multipliers: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The model's part of a resolved config (every default filled in)."""
@@ -68,6 +70,8 @@ class ModelParts:
             model["attention_roles"] = {r: c.as_dict() for r, c in self.attention_roles.items()}
         if self.parametrization != "standard":
             model["parametrization"], model["base"] = self.parametrization, dict(self.base)
+        if self.multipliers:
+            model["mup"] = dict(self.multipliers)
         return model
 
     def components(self) -> dict[str, Component]:
@@ -209,6 +213,8 @@ def resolve_model(registry: Registry, cfg: ModelConfig) -> ModelParts:
         _check_pairings(mspec, parts)
     if cfg.parametrization == "mup":
         parts.parametrization, parts.base = "mup", mup_base(model, cfg.base)
+        if cfg.mup is not None:
+            parts.multipliers = cfg.mup.model_dump()
     return parts
 
 

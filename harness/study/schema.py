@@ -23,6 +23,7 @@ from harness.config import (
     MAX_STEPS,
     ComponentConfig,
     ExperimentName,
+    MupMultipliers,
     Seed,
     Strict,
     apply_overrides,
@@ -83,6 +84,10 @@ class CandidateModel(SearchComponent):
         description="the run config's model.parametrization (harness.nn.parametrization)")
     base: dict[str, Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict, exclude_if=lambda b: not b, description="mup: the model's base shape")
+    mup: MupMultipliers | None = Field(
+        None, exclude_if=lambda m: m is None,
+        description="mup (or a study's transfer): the base-width multipliers, fixed (search them "
+                    "with the study's search: {mup.output_mult: ...})")
 
 
 class ScalingCell(Strict):

@@ -42,6 +42,8 @@ TRAIN_SEARCHABLE: dict[str, type] = {
     "label_smoothing": float, "grad_clip": float, "optimizer": str, "schedule": str,
     "momentum": float, "min_lr_ratio": float,
 }
+#: The study's search keys of μP's multipliers (``mup.output_mult``: ``model.mup``'s fields).
+MUP_PREFIX = "mup."
 #: A candidate whose uncounted work exceeds this share of the counted FLOPs gets a note.
 UNCOUNTED_NOTE = 0.05
 #: Training settings the protocol sets; the YAML must not.
@@ -94,20 +96,61 @@ def _parse_train(config: StudyConfig) -> dict[str, Range]:
     _check_devices(config.train)
     ranges = {}
     for key, raw in config.search.items():
+        if key.startswith(MUP_PREFIX):
+            continue  # model.mup's multipliers: _parse_mup
         if key not in TRAIN_SEARCHABLE:
             raise unknown_params_error([key], sorted(TRAIN_SEARCHABLE), "search")
         if key in config.train:
             raise ConfigError(f"search.{key}: also fixed under train; keep one.")
         kind = TRAIN_SEARCHABLE[key]
-        rng = parse_range(raw, kind if kind in (int, float) else None, f"search.{key}")
-        for value in range_values(rng):
-            try:
-                TrainConfig.model_validate({key: value})
-            except ValidationError as exc:
-                detail = format_validation_error(exc, "the study", TrainConfig).split(f"{key}: ", 1)[-1]
-                raise ConfigError(f"search.{key}: {value!r} is invalid: {detail}") from None
-        ranges[key] = rng
+        ranges[key] = _checked_range(key, raw, kind if kind in (int, float) else None, TrainConfig, key)
     return ranges
+
+
+def _checked_range(key: str, raw: Any, kind: type | None, schema: Any, name: str) -> Range:
+    """``search.KEY``'s range, every value in it checked as ``schema``'s field ``name``."""
+    rng = parse_range(raw, kind, f"search.{key}")
+    for value in range_values(rng):
+        try:
+            schema.model_validate({name: value})
+        except ValidationError as exc:
+            detail = format_validation_error(exc, "the study", schema).split(f"{name}: ", 1)[-1]
+            raise ConfigError(f"search.{key}: {value!r} is invalid: {detail}") from None
+    return rng
+
+
+def _parse_mup(config: StudyConfig) -> dict[str, Range]:
+    """The study's ranges of μP's base-width multipliers (``search: {mup.output_mult: ...}``),
+    each value checked as a run config's ``model.mup`` would be, and only for a study whose
+    candidates are all in μP (``model.parametrization: mup``, ``transfer`` or a scaling study's
+    rule ``mup``)."""
+    from harness.config import MupMultipliers
+
+    ranges: dict[str, Range] = {}
+    fields = MupMultipliers.model_fields
+    for key, raw in config.search.items():
+        if not key.startswith(MUP_PREFIX):
+            continue
+        name = key[len(MUP_PREFIX):]
+        if name not in fields:
+            raise unknown_params_error([key], sorted(MUP_PREFIX + f for f in fields), "search")
+        numeric = fields[name].annotation is not bool
+        ranges[name] = _checked_range(key, raw, float if numeric else None, MupMultipliers, name)
+    for i, cand in enumerate(config.candidates):
+        fixed = cand.model.mup is not None
+        if not (ranges or fixed) or in_mup(config, cand):
+            continue
+        where = f"search.{MUP_PREFIX}{next(iter(ranges))}" if ranges else f"candidates[{i}].model.mup"
+        raise ConfigError(f"{where}: μP's multipliers apply to a model in μP, and candidate "
+                          f"'{cand.name}' is in the standard parametrization; set its "
+                          f"model.parametrization: mup, or tune at a base width with the study's "
+                          f"transfer: {{rule: mup, base: ...}}, or remove it.")
+    return ranges
+
+
+def in_mup(config: StudyConfig, cand: Any) -> bool:
+    """Whether a candidate's runs are in μP (its own parametrization, or the study's transfer)."""
+    return cand.model.parametrization == "mup" or config.transfer is not None
 
 
 # -- the validated study -----------------------------------------------------------------
@@ -122,6 +165,8 @@ class StudySpace:
     train_length: int
     eval_lengths: tuple[int, ...]
     notes: list[str] = field(default_factory=list)
+    #: ranges of μP's multipliers (``search: {mup.output_mult: ...}``), by ``model.mup`` field
+    mup_ranges: dict[str, Range] = field(default_factory=dict)
     _tasks: dict[str, Any] = field(default_factory=dict, repr=False)  # task_for's cache
 
     @property
@@ -164,6 +209,9 @@ class StudySpace:
                 model[role] = {"name": comp.spec.name, "params": values[role]}
         model.update(_fixed_roles(cand))
         model.update(_parametrization(cand))
+        for key, rng in self.mup_ranges.items():  # a study of μP's multipliers
+            model.setdefault("mup", {})[key] = (rng.suggest(trial, MUP_PREFIX + key) if trial is not None
+                                                else _first(rng))
         if cand.candidate.model.preset:
             model["preset"] = cand.candidate.model.preset
         run = {"task": self.task_config(cand), "model": model, "train": train,
@@ -324,7 +372,8 @@ def _parametrization(cand: CandidateSpace) -> dict[str, Any]:
     m = cand.candidate.model
     if m.parametrization == "standard":
         return {}
-    return {"parametrization": m.parametrization, **({"base": dict(m.base)} if m.base else {})}
+    return {"parametrization": m.parametrization, **({"base": dict(m.base)} if m.base else {}),
+            **({"mup": m.mup.model_dump()} if m.mup is not None else {})}
 
 
 def _first(rng: Range) -> Any:
@@ -429,7 +478,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     train_ranges = _parse_train(config)
     match = config.width_target[0] if config.width_target else None
     cands = [candidate_space(registry, c, i, match) for i, c in enumerate(config.candidates)]
-    space = StudySpace(config, registry, cands, train_ranges, 0, ())
+    space = StudySpace(config, registry, cands, train_ranges, 0, (), mup_ranges=_parse_mup(config))
     for cand in cands:
         _check_plan(space, cand)
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)

@@ -67,6 +67,9 @@ def tuning_run(run: dict[str, Any], cand: Any, base: dict[str, int]) -> dict[str
     mine = base_for(cand, base)
     out["model"]["params"].update(mine)
     out["model"]["parametrization"], out["model"]["base"] = "mup", dict(mine)
+    fixed = cand.candidate.model.mup
+    if fixed is not None or "mup" in out["model"]:  # μP's multipliers: tuned here, carried unchanged
+        out["model"]["mup"] = {**(fixed.model_dump() if fixed is not None else {}), **out["model"].get("mup", {})}
     return out
 
 

@@ -73,6 +73,7 @@ from harness.plugin import (  # a list of names, not logic: other plugins list m
     causal_block,
     hookimpl,
     kernel_weights,
+    qk_changed,
     qk_scale,
     ratio_or_zero,
 )
@@ -147,8 +148,7 @@ class PerformerAttention(RunningSumAttention):  # same shape as linear.py by des
     def log_features(self, x: Tensor) -> Tensor:
         """log φ(x) + log √m: ωᵀx' - |x'|²/2 with x' = x · d^(-1/4), in at least float32."""
         d = x.shape[-1]  # each side's share of the scale: 1/d under μP (qk_scale)
-        x = _wide(x) * (d**-0.25 if getattr(self, "mup_qk_base", None) in (None, d)
-                        else qk_scale(self, d, None) ** 0.5)
+        x = _wide(x) * (qk_scale(self, d, None) ** 0.5 if qk_changed(self, d) else d**-0.25)
         return x @ self.features.to(x.dtype).T - (x * x).sum(dim=-1, keepdim=True) / 2
 
     def query_features(self, q: Tensor) -> Tensor:
