@@ -56,6 +56,7 @@ class ProbeResult:
     examples: int  # per length
     params: dict[str, Any] = field(default_factory=dict)  # the task's params as probed
     logged: bool = False
+    notes: list[str] = field(default_factory=list)  # what the reader should know (the run's state)
 
     @property
     def cells(self) -> dict[tuple[int, int], float]:
@@ -98,15 +99,21 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
         raise ConfigError("--num and --batch-size must be at least 1.")
     if split not in ("val", "test"):
         raise ConfigError(f"--split must be val or test, got {split!r}.")
-    label = name or task
+    label = task if name is None else name
     if not NAME.match(label):
-        raise ConfigError(f"--name {shorten(label, 40)!r}: letters, digits, '_', '.', '-' only (it names "
-                          f"the run's metrics probe/<name>/...).")
+        raise ConfigError(f"--name {shorten(label, 40)!r}: 1 to 64 letters, digits, '_', '.', '-', starting "
+                          f"with a letter or digit (it names the run's metrics probe/<name>/...).")
+    sized = sorted(set(params or {}) & set(SIZING))
+    if sized:
+        raise ConfigError(f"--set {sized[0]}: a probe sizes its data itself ({SIZED_BY}); use those "
+                          f"options instead of --set {', '.join(sized)}.")
+    _check_data_size(lengths, num)
     from harness.evaluation.runner import run_tracker
     from harness.run.hub import load_any
 
     logging = log and not Path(str(run)).is_dir()
     tracker = run_tracker(str(run), tracking_uri) if logging else None  # before any work
+    notes = _check_run(tracker, str(run), label) if tracker is not None else []
     trained = load_any(run, trust_plugins=trust_plugins)
     if trained.info.format != "lm":
         raise HarnessError(f"{run} trained a {trained.task_kind} task in the {trained.info.format} format: "
@@ -114,14 +121,68 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     own, registry, own_plan = _run_task(trained)
     probe_task = _probe_task(trained, own, registry, task, lengths, depths, params or {}, num, seed)
     _check_context(trained, own_plan, lengths, max_length, run)
+    _check_logits_size(lengths[-1], min(num, batch_size), trained.info.vocab_size,
+                       next(trained.model.parameters()).device)
     by_length = {n: _score(trained.model, probe_task, split, n, batch_size) for n in lengths}
     result = ProbeResult(str(run), task, label, "recall", lengths, list(getattr(probe_task, "depths", ())),
                          by_length, int(trained.info.max_length), num,
-                         {k: v for k, v in vars(probe_task.config).items() if k not in ("num_train",)})
+                         {k: v for k, v in vars(probe_task.config).items() if k not in ("num_train",)},
+                         notes=notes)
     if tracker is not None:
         record(tracker, str(run), result)
         result.logged = True
     return result
+
+
+#: which option sets each of the task's sizing params in a probe
+SIZED_BY = "--lengths sets length and eval_lengths, --num num_val, --depths depths"
+
+
+def _check_data_size(lengths: list[int], num: int) -> None:
+    """Refuse, before anything is loaded, a grid whose examples alone cannot fit in RAM (``--num
+    1000000000`` or ``--lengths 100000000`` would otherwise run for minutes and then fail)."""
+    from harness.run.resources import GiB, TOKEN_BYTES, available_bytes
+
+    room, tokens = available_bytes("cpu"), num * sum(lengths)
+    if room is not None and tokens * TOKEN_BYTES > room:
+        raise ConfigError(
+            f"--num {num:,} examples at --lengths {', '.join(f'{n:,}' for n in lengths)} hold {tokens:,} tokens "
+            f"({tokens * TOKEN_BYTES / GiB:,.1f} GiB at {TOKEN_BYTES} bytes a token at least) but "
+            f"{room / GiB:,.1f} GiB of RAM is available. Nothing was loaded or logged. Lower --num or "
+            f"the longest lengths.")
+
+
+def _check_logits_size(longest: int, batch: int, vocab: int, device: Any) -> None:
+    """Refuse a length whose one batch of logits alone cannot fit (the model's own activations
+    come on top): a probe that would die out of memory after minutes of work."""
+    from harness.run.resources import GiB, available_bytes
+
+    need, room = 4 * batch * longest * vocab, available_bytes(device)
+    if room is not None and need > room:
+        raise ConfigError(
+            f"--lengths {longest:,}: one batch of {batch} examples' logits alone needs {need / GiB:,.1f} GiB "
+            f"({longest:,} tokens x {vocab:,} ids x 4 bytes, the model's activations besides) but "
+            f"{room / GiB:,.1f} GiB is available. Nothing was scored or logged. Probe shorter lengths "
+            f"(or --batch-size 1).")
+
+
+def _check_run(tracker: Any, run_id: str, name: str) -> list[str]:
+    """Refuse a second probe under one name (its values would pile up at step 0 and its heatmap
+    be replaced without a word); notes on a run that did not finish."""
+    run = tracker.client.get_run(run_id)
+    prefix = f"probe/{name}/"
+    if any(key.startswith(prefix) for key in run.data.metrics):
+        raise ConfigError(
+            f"--name {name}: run {run_id} already holds a probe named '{name}' (metrics {prefix}...): a "
+            f"second one would add values beside its own and replace its heatmap. Give another --name "
+            f"(e.g. --name {name}-2), or --no-log to print only.")
+    status = run.info.status
+    if status == "FINISHED":
+        return []
+    why = {"RUNNING": "still training, or its process was killed without ending it",
+           "FAILED": "its training failed", "KILLED": "its training was stopped"}.get(status, status)
+    return [f"note: run {run_id} is {status} ({why}): the probe scores the weights it last saved, "
+            f"not a finished model."]
 
 
 def _run_task(trained: Any) -> tuple[Any, Any, Any]:
@@ -164,7 +225,7 @@ def _probe_task(trained: Any, own: Any, registry: Any, name: str, lengths: list[
         given = {**base, **given}
     else:
         raise ConfigError(
-            f"run {trained.source} was trained on the symbol task '{run_task}', whose vocabulary "
+            f"{trained.source} was trained on the symbol task '{run_task}', whose vocabulary "
             f"has no words for '{name}': a probe writes its needles in the run's own vocabulary. "
             f"Probe a run trained on '{name}' itself, or a language model trained on a prepared "
             f"corpus (corpus_lm), whose tokenizer can write them (or pass --set path=FOLDER, a "
@@ -176,7 +237,8 @@ def _probe_task(trained: Any, own: Any, registry: Any, name: str, lengths: list[
         config = resolve(spec.config, {**given, **sizing}, "--set")
         task = spec.build(config, seed=seed)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"task '{name}' cannot be probed with these settings: {shorten(str(exc), 400)}") from None
+        raise ConfigError(f"task '{name}' cannot be probed with these settings: {shorten(str(exc), 400)} "
+                          f"({SIZED_BY})") from None
     if task.task_kind != "lm" or not hasattr(task, "statistics"):
         raise ConfigError(f"task '{name}' is not a long-context probe (an lm task scoring answers).")
     if task.vocab.size != trained.info.vocab_size or (corpus is None and "path" not in params
