@@ -4,6 +4,8 @@ naming the option and the fix, exit 2, no traceback, nothing written; and every 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from text import one_paragraph
 
@@ -37,7 +39,8 @@ def test_options_without_meaning_are_refused(capsys, args, said):
 def test_tests_that_are_missing_or_not_tests_are_refused(tmp_path, capsys):
     proof = ["--deadline", "60", "--records", str(tmp_path / "r")]
     assert "--tests tests/nope.py does not exist" in refused(capsys, *proof, "--tests", "tests/nope.py")
-    assert "--tests README.md is not a pytest file" in refused(capsys, *proof, "--tests", "README.md")
+    readme = str(Path(__file__).resolve().parents[1] / "README.md")
+    assert f"--tests {readme} is not a pytest file" in refused(capsys, *proof, "--tests", readme)
     assert not (tmp_path / "r").exists()
 
 

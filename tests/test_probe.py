@@ -108,13 +108,13 @@ def test_a_probe_scores_what_the_runs_own_validation_scored(home):
 
 def test_a_context_the_model_cannot_read_whole_is_refused_never_cut(home, capsys):
     before = probe_metrics(home, home["learned"])
-    assert main(["probe", home["learned"], "--lengths", "64,200", "--num", "2",
+    assert main(["probe", home["learned"], "--lengths", "64,200", "--num", "2", "--depths", "0,100",
                  "--tracking-uri", home["uri"]]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "cannot read a context of 200 tokens whole" in err and "never cuts a context" in err
     assert "Probe the lengths it reads (64)" in err
     assert probe_metrics(home, home["learned"]) == before  # nothing logged
-    assert main(["probe", home["rope"], "--lengths", "200,300", "--max-length", "256", "--num", "2",
+    assert main(["probe", home["rope"], "--lengths", "200,300", "--max-length", "256", "--num", "2", "--depths", "0,100",
                  "--tracking-uri", home["uri"], "--no-log"]) == 2
     assert "--max-length is 256" in " ".join(capsys.readouterr().err.split())
 
@@ -125,7 +125,7 @@ def test_a_probe_the_run_cannot_read_is_refused(home, capsys):
     with pytest.raises(ConfigError, match="vocabulary .* is not the run's"):
         harness.probe(home["needle"].run_id, "needle", lengths=[48], params={"keys": 9}, log=False,
                       tracking_uri=home["uri"])
-    assert main(["probe", home["rope"], "--lengths", "64", "--num", "2", "--no-log",
+    assert main(["probe", home["rope"], "--lengths", "64", "--num", "2", "--depths", "0,100", "--no-log",
                  "--tracking-uri", home["uri"]]) == 2
     assert "the probe at length 64" in " ".join(capsys.readouterr().err.split())
     assert main(["probe", home["rope"], "--lengths", "2x", "--no-log"]) == 2
@@ -150,7 +150,8 @@ def test_bad_probe_options_are_refused_before_any_work(home, capsys):
         (["--lengths", "48", "--threshold", "nan"], "--threshold nan"),
         (["--lengths", "100000000"], "hold 10,000,000,000 tokens"),  # would die of MemoryError
         (["--lengths", "48", "--num", "1000000000"], "Lower --num"),  # would run for ever
-        (["--lengths", "48", "--num", "2"], "num_val 2 is fewer than the 3 depths"),
+        (["--lengths", "48", "--num", "2", "--depths", "0,50,100"], "num_val 2 is fewer than the 3 depths"),
+        (["--lengths", "48", "--num", "2"], "(--lengths sets length and eval_lengths, --num num_val"),
     ]
     for args, said in cases:
         assert main(["probe", run, *args, "--tracking-uri", uri]) == 2, args
@@ -187,7 +188,7 @@ def test_a_run_that_did_not_finish_is_probed_with_a_note(home, capsys):
     run, client = home["needle"].run_id, MlflowClient(home["uri"])
     client.update_run(run, status="FAILED")
     try:
-        assert main(["probe", run, "--lengths", "48", "--num", "3", "--name", "failed-run",
+        assert main(["probe", run, "--lengths", "48", "--num", "3", "--depths", "0,50,100", "--name", "failed-run",
                      "--tracking-uri", home["uri"]]) == 0
     finally:
         client.update_run(run, status="FINISHED")

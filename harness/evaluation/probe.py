@@ -236,6 +236,8 @@ def _probe_task(trained: Any, own: Any, registry: Any, name: str, lengths: list[
     try:
         config = resolve(spec.config, {**given, **sizing}, "--set")
         task = spec.build(config, seed=seed)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} ({SIZED_BY})") from None
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"task '{name}' cannot be probed with these settings: {shorten(str(exc), 400)} "
                           f"({SIZED_BY})") from None

@@ -162,23 +162,24 @@ def new_folder(path: str | os.PathLike[str], flag: str) -> Path:
     return target
 
 
-def _writable_place(path: Path, flag: str) -> None:
+def _writable_place(path: Path, flag: str, shown: Path | None = None) -> None:
     """Refuse (ConfigError naming ``flag``) unless ``path``'s nearest existing folder (itself,
     or the first parent that exists) is a folder this user can make things in: a real try."""
     from harness.errors import ConfigError, shorten
 
+    shown = path if shown is None else shown
     try:
         existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
     except OSError as exc:  # a name too long, a loop of links
-        raise ConfigError(f"{flag} {shorten(str(path), 120)}: not a usable path ({exc.strerror or exc}).") from None
+        raise ConfigError(f"{flag} {shorten(str(shown), 120)}: not a usable path ({exc.strerror or exc}).") from None
     if not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder, so nothing can be "
+        raise ConfigError(f"{flag} {shown}: {existing} is a file, not a folder, so nothing can be "
                           f"written there. Pick a path in a folder.")
     target = existing / ".write-probe"
     try:
         probe = make_temp_folder(target, "probe")
     except OSError as exc:
-        raise ConfigError(f"{flag} {path}: nothing can be written in {existing} ({exc.strerror or exc}). "
+        raise ConfigError(f"{flag} {shown}: nothing can be written in {existing} ({exc.strerror or exc}). "
                           f"Pick a path in a place you can write.") from None
     remove_temp_folder(probe, target, "probe")
 
@@ -192,9 +193,9 @@ def new_file(path: str | os.PathLike[str], flag: str) -> Path:
     target = Path(path)
     if target.exists() or target.is_symlink():
         what = "a folder" if target.is_dir() else "a file"
-        raise ConfigError(f"{flag} {target} already exists ({what}); a record is never overwritten. "
-                          f"Choose a new path, or move the old one first.")
-    _writable_place(target.parent, flag)
+        raise ConfigError(f"{flag} {target} already exists ({what}); the harness never overwrites a record: "
+                          f"choose a new path, or move the old one first.")
+    _writable_place(target.parent, flag, target)
     return target
 
 
