@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from test_offline import load, make_house, run_installer
-
 from text import flat
 
 wheelhouse = load("wheelhouse")

@@ -141,7 +141,7 @@ SIZED_BY = "--lengths sets length and eval_lengths, --num num_val, --depths dept
 def _check_data_size(lengths: list[int], num: int) -> None:
     """Refuse, before anything is loaded, a grid whose examples alone cannot fit in RAM (``--num
     1000000000`` or ``--lengths 100000000`` would otherwise run for minutes and then fail)."""
-    from harness.run.resources import GiB, TOKEN_BYTES, available_bytes
+    from harness.run.resources import TOKEN_BYTES, GiB, available_bytes
 
     room, tokens = available_bytes("cpu"), num * sum(lengths)
     if room is not None and tokens * TOKEN_BYTES > room:
