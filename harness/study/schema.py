@@ -424,6 +424,9 @@ class ScalingConfig(Strict):
         min_length=3, description="training compute of each run; at least 3 spanning >= 10x")
     unit: Literal["flops", "tokens"] = "flops"
     transfer: ScalingTransfer = Field(default_factory=ScalingTransfer)
+    bootstrap: int | None = Field(None, ge=20, le=100_000, exclude_if=lambda v: v is None, description=(
+        "bootstrap replicates behind the report's intervals (default: the report's, 400); fewer "
+        "give a quicker report with coarser intervals"))
 
     @model_validator(mode="after")
     def _grid(self) -> ScalingConfig:
