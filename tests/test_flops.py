@@ -258,6 +258,7 @@ def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_pat
         assert abs(r["realised"] / r["budget"] - 1) <= 0.02, r
     fit = data["fits"][0]
     assert fit["candidate"] == "att" and fit["alpha_low"] <= fit["alpha"] <= fit["alpha_high"]
+    assert 10 <= fit["replicates"] <= 20  # scaling.bootstrap: the replicates asked for (those that fit)
     md = (out / "results.md").read_text()
     assert "## Scaling" in md and "Every run is within 2% of its budget" in md
     assert md.startswith("**Shared recipe, not tuned")

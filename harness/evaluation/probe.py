@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError, shorten
+from harness.evaluation.probe_checks import SIZED_BY, check_data_size, check_logits_size, check_run
 
 #: What the task's params that only size its data are replaced by in a probe.
 SIZING = ("length", "eval_lengths", "num_train", "num_val", "depths")
@@ -107,13 +108,13 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     if sized:
         raise ConfigError(f"--set {sized[0]}: a probe sizes its data itself ({SIZED_BY}); use those "
                           f"options instead of --set {', '.join(sized)}.")
-    _check_data_size(lengths, num)
+    check_data_size(lengths, num)
     from harness.evaluation.runner import run_tracker
     from harness.run.hub import load_any
 
     logging = log and not Path(str(run)).is_dir()
     tracker = run_tracker(str(run), tracking_uri) if logging else None  # before any work
-    notes = _check_run(tracker, str(run), label) if tracker is not None else []
+    notes = check_run(tracker, str(run), label) if tracker is not None else []
     trained = load_any(run, trust_plugins=trust_plugins)
     if trained.info.format != "lm":
         raise HarnessError(f"{run} trained a {trained.task_kind} task in the {trained.info.format} format: "
@@ -121,7 +122,7 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     own, registry, own_plan = _run_task(trained)
     probe_task = _probe_task(trained, own, registry, task, lengths, depths, params or {}, num, seed)
     _check_context(trained, own_plan, lengths, max_length, run)
-    _check_logits_size(lengths[-1], min(num, batch_size), trained.info.vocab_size,
+    check_logits_size(lengths[-1], min(num, batch_size), trained.info.vocab_size,
                        next(trained.model.parameters()).device)
     by_length = {n: _score(trained.model, probe_task, split, n, batch_size) for n in lengths}
     result = ProbeResult(str(run), task, label, "recall", lengths, list(getattr(probe_task, "depths", ())),
@@ -132,57 +133,6 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
         record(tracker, str(run), result)
         result.logged = True
     return result
-
-
-#: which option sets each of the task's sizing params in a probe
-SIZED_BY = "--lengths sets length and eval_lengths, --num num_val, --depths depths"
-
-
-def _check_data_size(lengths: list[int], num: int) -> None:
-    """Refuse, before anything is loaded, a grid whose examples alone cannot fit in RAM (``--num
-    1000000000`` or ``--lengths 100000000`` would otherwise run for minutes and then fail)."""
-    from harness.run.resources import TOKEN_BYTES, GiB, available_bytes
-
-    room, tokens = available_bytes("cpu"), num * sum(lengths)
-    if room is not None and tokens * TOKEN_BYTES > room:
-        raise ConfigError(
-            f"--num {num:,} examples at --lengths {', '.join(f'{n:,}' for n in lengths)} hold {tokens:,} tokens "
-            f"({tokens * TOKEN_BYTES / GiB:,.1f} GiB at {TOKEN_BYTES} bytes a token at least) but "
-            f"{room / GiB:,.1f} GiB of RAM is available. Nothing was loaded or logged. Lower --num or "
-            f"the longest lengths.")
-
-
-def _check_logits_size(longest: int, batch: int, vocab: int, device: Any) -> None:
-    """Refuse a length whose one batch of logits alone cannot fit (the model's own activations
-    come on top): a probe that would die out of memory after minutes of work."""
-    from harness.run.resources import GiB, available_bytes
-
-    need, room = 4 * batch * longest * vocab, available_bytes(device)
-    if room is not None and need > room:
-        raise ConfigError(
-            f"--lengths {longest:,}: one batch of {batch} examples' logits alone needs {need / GiB:,.1f} GiB "
-            f"({longest:,} tokens x {vocab:,} ids x 4 bytes, the model's activations besides) but "
-            f"{room / GiB:,.1f} GiB is available. Nothing was scored or logged. Probe shorter lengths "
-            f"(or --batch-size 1).")
-
-
-def _check_run(tracker: Any, run_id: str, name: str) -> list[str]:
-    """Refuse a second probe under one name (its values would pile up at step 0 and its heatmap
-    be replaced without a word); notes on a run that did not finish."""
-    run = tracker.client.get_run(run_id)
-    prefix = f"probe/{name}/"
-    if any(key.startswith(prefix) for key in run.data.metrics):
-        raise ConfigError(
-            f"--name {name}: run {run_id} already holds a probe named '{name}' (metrics {prefix}...): a "
-            f"second one would add values beside its own and replace its heatmap. Give another --name "
-            f"(e.g. --name {name}-2), or --no-log to print only.")
-    status = run.info.status
-    if status == "FINISHED":
-        return []
-    why = {"RUNNING": "still training, or its process was killed without ending it",
-           "FAILED": "its training failed", "KILLED": "its training was stopped"}.get(status, status)
-    return [f"note: run {run_id} is {status} ({why}): the probe scores the weights it last saved, "
-            f"not a finished model."]
 
 
 def _run_task(trained: Any) -> tuple[Any, Any, Any]:
