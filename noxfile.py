@@ -40,8 +40,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """The long end-to-end selection (``pytest -m slow``) in two halves side by side
-    (``.ci/slow``: about 70 minutes alone on one core, so not part of ``.ci/run``)."""
+    """The long end-to-end selection (``pytest -m slow``) alone, on both cores (``.ci/slow``;
+    ``.ci/run`` runs it with the default selection)."""
     install(session)
     session.run("bash", ".ci/slow", *session.posargs, env=ENV, external=True)
 

@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -147,7 +148,13 @@ def check(manifest: dict, target: Path) -> int:
     substitutes = manifest["substitutes"]
     extras = ["", *manifest["extras"]]
     met = 0
-    for text in importlib.metadata.requires(project) or []:
+    try:
+        required = importlib.metadata.requires(project) or []
+    except importlib.metadata.PackageNotFoundError:
+        problems.append(f"{project} is not installed here: is the target on PYTHONPATH? "
+                        f"(export PYTHONPATH={target})")
+        required = []
+    for text in required:
         req = Requirement(text)
         if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
             continue
@@ -222,6 +229,55 @@ def check(manifest: dict, target: Path) -> int:
     return 1 if problems else 0
 
 
+def refuse(text: str) -> int:
+    """Bad use: one paragraph naming the field and the fix, exit 2 (no traceback)."""
+    print(f"error: {text}", file=sys.stderr)
+    return 2
+
+
+#: what each part of a manifest must be (offline/wheelhouse.py writes them all)
+MANIFEST = {"python": str, "never": list, "wheels": list, "project": dict, "substitutes": dict, "extras": list}
+
+
+def read_manifest() -> dict | str:
+    """``manifest.json`` beside this file, or why it cannot be used (a sentence)."""
+    path = HERE / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return (f"there is no manifest.json beside {Path(__file__).name} in {HERE}: run the install.py "
+                f"that offline/wheelhouse.py copied into a wheelhouse (WHEELHOUSE/install.py), not the "
+                f"checkout's.")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return (f"{path} cannot be read as JSON ({str(exc)[:200]}): the wheelhouse is damaged; build it "
+                f"again with offline/wheelhouse.py.")
+    bad = [k for k, kind in MANIFEST.items() if not isinstance(manifest, dict) or not isinstance(manifest.get(k), kind)]
+    if not bad and not all(isinstance(manifest["project"].get(k), str) for k in ("file", "name")):
+        bad = ["project.file/name"]
+    if bad:
+        return (f"{path} lacks {', '.join(bad)} (or they are of the wrong kind): it was not written by "
+                f"offline/wheelhouse.py, or is damaged; build the wheelhouse again.")
+    return manifest
+
+
+def target_problem(target: Path, check_only: bool) -> str | None:
+    """Why ``--target`` cannot be used, or None (checked before anything is written)."""
+    if target.exists() and not target.is_dir():
+        return f"--target {target} is a file, not a folder: give a folder to install into (new or yours)."
+    if check_only:
+        if not target.is_dir() or not any(target.iterdir()):
+            return (f"--target {target} holds nothing to check: install into it first (the same "
+                    f"command without --check-only).")
+        return None
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    try:  # a real try, not os.access: root, read-only mounts and /proc answer it truly
+        os.rmdir(tempfile.mkdtemp(prefix=".install-probe-", dir=existing))
+    except OSError as exc:
+        return (f"--target {target}: nothing can be written in {existing} ({exc.strerror or exc}); give a "
+                f"folder in a place you can write, e.g. --target /tmp/site.")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--target", required=True, help="the folder to install into (then on PYTHONPATH)")
@@ -231,13 +287,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="install only (check later with --check-only: a proof on a short allocation runs "
                         "first and checks after, so a failed check gates nothing)")
     args = p.parse_args(argv)
-    manifest = json.loads((HERE / "manifest.json").read_text())
+    manifest = read_manifest()
+    if isinstance(manifest, str):
+        return refuse(manifest)
     target = Path(args.target).resolve()
+    if (problem := target_problem(target, args.check_only)) is not None:
+        return refuse(problem)
     if args.check_only:
         return check(manifest, target)
-    code = install(manifest, target, use_pip=not args.no_pip)
-    if code or args.no_check:
+    fresh = not target.exists() or not any(target.iterdir())  # what is in it after a failure is ours
+    try:
+        code = install(manifest, target, use_pip=not args.no_pip)
+    except (OSError, zipfile.BadZipFile, SystemExit) as exc:
+        code = refuse(f"installing into {target} failed: {exc}. The wheelhouse may be damaged: build it "
+                      f"again with offline/wheelhouse.py." if not isinstance(exc, SystemExit) else
+                      str(exc).removeprefix("error: "))
+    if code:
+        if fresh and target.is_dir():  # a failed install leaves nothing behind
+            shutil.rmtree(target, ignore_errors=True)
         return code
+    if args.no_check:
+        return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--target", str(target),
                            "--check-only"], env=env).returncode

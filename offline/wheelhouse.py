@@ -65,7 +65,14 @@ def canonical(name: str) -> str:
 def read_freeze(path: Path) -> dict[str, str]:
     """``name==version`` per line (comments and blank lines skipped) -> {canonical name: version}."""
     found: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        kind = "a folder" if path.is_dir() else "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) \
+            else (exc.strerror or str(exc)).lower()
+        raise Refused(f"--node {path}: {kind}. Give a text file: the node's `python3 -m pip list "
+                      f"--format=freeze`, saved there.") from None
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -177,12 +184,16 @@ def resolver_python(given: str | None, python: str) -> str:
         try:
             out = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                                  capture_output=True, text=True, timeout=60).stdout.strip()
-        except OSError:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if given:
+                raise Refused(f"--python {given} cannot be run ({exc}): give the path of a Python "
+                              f"{python} of this machine (pyenv, uv python, conda).") from None
             continue
         if out == python:
             return candidate
         if given:
-            raise Refused(f"--python {given} is Python {out}, but the node runs {python}: pip resolves "
+            said = f"is Python {out}" if out else "printed no Python version (it is not a Python)"
+            raise Refused(f"--python {given} {said}, but the node runs {python}: pip resolves "
                           f"for the interpreter it runs in (markers, Requires-Python), so give a Python "
                           f"{python} of this machine (pyenv, uv python, conda).")
     raise Refused(f"no Python {python} found here (python{python} on PATH, this interpreter, pyenv): pip "
@@ -269,11 +280,27 @@ def build(args: argparse.Namespace) -> dict:
     node = read_freeze(node_file)
     check_setuptools()  # before anything is written
     out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        raise Refused(f"--out {out} is a file: give a new folder for the wheelhouse.")
     if out.exists() and any(out.iterdir()):
         raise Refused(f"--out {out} is not empty: give a new folder (a wheelhouse holds exactly the "
                       f"wheels of one node; old ones would be installed too).")
-    out.mkdir(parents=True, exist_ok=True)
+    if not re.fullmatch(r"3\.\d{1,2}", args.python_version):
+        raise Refused(f"--python-version {args.python_version}: give the node's Python as major.minor, "
+                      f"e.g. --python-version 3.12.")
     python = resolver_python(args.python, args.python_version)
+    existed = out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return fill(args, node, node_file, out, python)
+    except BaseException:  # a failed build leaves --out as it found it (empty, or absent)
+        for entry in list(out.iterdir()) if existed else [out]:
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        raise
+
+
+def fill(args: argparse.Namespace, node: dict[str, str], node_file: Path, out: Path, python: str) -> dict:
+    """The wheelhouse's files in ``out`` (see :func:`build`)."""
     project = build_project_wheel(out)
     reqs = requirements(project, args.extras, args.python_version)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:

@@ -233,12 +233,22 @@ def test_a_plain_study_takes_a_flop_budget(tmp_path):
         load(path)
 
 
+#: The iso-FLOP test's grid at its smallest: sizes close together (the smallest model's steps
+#: grow with the largest one's parameters), every cell at least 30 steps (rounding to whole
+#: steps under 1/60 < 2%), no attention maps, 20 bootstrap replicates (the fits' intervals
+#: coarse; what is checked is that each run lands on its budget and the fits are made).
+TINY_ISO = {"scaling": {"sizes": [{"d_model": 16, "heads": 2}, {"d_model": 20, "heads": 2},
+                                  {"d_model": 24, "heads": 2}],
+                        "budgets": [2e8, 6e8, 2e9], "bootstrap": 20},
+            "train": {"log_attention": False}}
+
+
 @pytest.mark.slow
 def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_path, capsys):
     from harness.cli.main import main
 
     out = tmp_path / "report"
-    assert main(["study", "run", str(study(tmp_path)), "--report", "--out", str(out),
+    assert main(["study", "run", str(study(tmp_path, **TINY_ISO)), "--report", "--out", str(out),
                  "--format", "md,json,csv"]) == 0
     assert "FAILED" not in capsys.readouterr().out
     data = json.loads((out / "scaling.json").read_text())
@@ -248,6 +258,7 @@ def test_a_tiny_iso_flop_study_lands_every_run_within_2_percent_and_fits(tmp_pat
         assert abs(r["realised"] / r["budget"] - 1) <= 0.02, r
     fit = data["fits"][0]
     assert fit["candidate"] == "att" and fit["alpha_low"] <= fit["alpha"] <= fit["alpha_high"]
+    assert 10 <= fit["replicates"] <= 20  # scaling.bootstrap: the replicates asked for (those that fit)
     md = (out / "results.md").read_text()
     assert "## Scaling" in md and "Every run is within 2% of its budget" in md
     assert md.startswith("**Shared recipe, not tuned")

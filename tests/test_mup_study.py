@@ -94,6 +94,12 @@ def test_the_transfer_mode_turns_a_flop_budget_into_the_full_width_steps(tmp_pat
     ({"transfer": {"rule": "mup", "base": {}}}, "transfer.base"),
     ({"candidates": [CANDIDATES[0] | {"model": CANDIDATES[0]["model"] | {"search": {"d_model": [16, 32]}}}]},
      "the width is not searched"),
+    # issue 49: refused at create, not in every trial
+    ({"transfer": {"rule": "mup", "base": {"d_model": 16, "width": 16, "bogus": 16}}},
+     "transfer.base.bogus: no candidate's model has a param 'bogus'"),
+    ({"transfer": {"rule": "mup", "base": {"d_model": 64, "width": 16}}},
+     "transfer.base.d_model: 64 is wider than candidate 'att' (d_model = 32)"),
+    ({"train": STUDY["train"] | {"strategy": "fsdp"}}, "FSDP"),
 ])
 def test_a_transfer_that_cannot_hold_is_refused(tmp_path, change, message):
     with pytest.raises(ConfigError) as err:
@@ -101,11 +107,10 @@ def test_a_transfer_that_cannot_hold_is_refused(tmp_path, change, message):
     assert message in " ".join(str(err.value).split())
 
 
-def test_a_candidate_without_a_base_param_is_named(tmp_path):
+def test_a_candidate_without_a_base_param_is_named_at_create(tmp_path):
     data = copy.deepcopy(STUDY) | {"transfer": {"rule": "mup", "base": {"d_model": 16}}}
-    space = load(write(tmp_path, data))
     with pytest.raises(ConfigError, match="candidate 'rnn' .*width: 64"):
-        space.run_config(space.candidate("rnn"), None, seed=0)
+        load(write(tmp_path, data))
 
 
 SCALING: dict[str, Any] = {

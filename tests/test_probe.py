@@ -108,13 +108,13 @@ def test_a_probe_scores_what_the_runs_own_validation_scored(home):
 
 def test_a_context_the_model_cannot_read_whole_is_refused_never_cut(home, capsys):
     before = probe_metrics(home, home["learned"])
-    assert main(["probe", home["learned"], "--lengths", "64,200", "--num", "2",
+    assert main(["probe", home["learned"], "--lengths", "64,200", "--num", "2", "--depths", "0,100",
                  "--tracking-uri", home["uri"]]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "cannot read a context of 200 tokens whole" in err and "never cuts a context" in err
     assert "Probe the lengths it reads (64)" in err
     assert probe_metrics(home, home["learned"]) == before  # nothing logged
-    assert main(["probe", home["rope"], "--lengths", "200,300", "--max-length", "256", "--num", "2",
+    assert main(["probe", home["rope"], "--lengths", "200,300", "--max-length", "256", "--num", "2", "--depths", "0,100",
                  "--tracking-uri", home["uri"], "--no-log"]) == 2
     assert "--max-length is 256" in " ".join(capsys.readouterr().err.split())
 
@@ -125,7 +125,79 @@ def test_a_probe_the_run_cannot_read_is_refused(home, capsys):
     with pytest.raises(ConfigError, match="vocabulary .* is not the run's"):
         harness.probe(home["needle"].run_id, "needle", lengths=[48], params={"keys": 9}, log=False,
                       tracking_uri=home["uri"])
-    assert main(["probe", home["rope"], "--lengths", "64", "--num", "2", "--no-log",
+    assert main(["probe", home["rope"], "--lengths", "64", "--num", "2", "--depths", "0,100", "--no-log",
                  "--tracking-uri", home["uri"]]) == 2
     assert "the probe at length 64" in " ".join(capsys.readouterr().err.split())
     assert main(["probe", home["rope"], "--lengths", "2x", "--no-log"]) == 2
+
+
+def refused(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return " ".join(err.split())
+
+
+def test_bad_probe_options_are_refused_before_any_work(home, capsys):
+    """Issue 49: every option checked up front, one paragraph, exit 2, nothing logged."""
+    run, uri = home["needle"].run_id, home["uri"]
+    before = probe_metrics(home, run)
+    cases = [
+        (["--lengths", "48", "--set", "length=64"], "--set length: a probe sizes its data itself"),
+        (["--lengths", "48", "--set", "num_val=2"], "--num num_val"),
+        (["--lengths", "48", "--name", ""], "--name '': 1 to 64 letters"),
+        (["--lengths", "48", "--threshold", "2"], "--threshold 2: recall is a fraction"),
+        (["--lengths", "48", "--threshold", "-1"], "--threshold -1"),
+        (["--lengths", "48", "--threshold", "nan"], "--threshold nan"),
+        (["--lengths", "100000000"], "hold 10,000,000,000 tokens"),  # would die of MemoryError
+        (["--lengths", "48", "--num", "1000000000"], "Lower --num"),  # would run for ever
+        (["--lengths", "48", "--num", "2", "--depths", "0,50,100"], "num_val 2 is fewer than the 3 depths"),
+        (["--lengths", "48", "--num", "2"], "(--lengths sets length and eval_lengths, --num num_val"),
+    ]
+    for args, said in cases:
+        assert main(["probe", run, *args, "--tracking-uri", uri]) == 2, args
+        assert said in refused(capsys), (args, said)
+    assert probe_metrics(home, run) == before
+
+
+def test_a_length_whose_logits_alone_cannot_fit_is_refused(home, capsys, monkeypatch):
+    from harness.run import resources
+
+    monkeypatch.setattr(resources, "available_bytes", lambda device: 1 << 20)  # a 1 MiB machine
+    assert main(["probe", home["needle"].run_id, "--lengths", "4000", "--num", "3", "--depths", "0,50,100",
+                 "--tracking-uri", home["uri"], "--no-log"]) == 2
+    text = refused(capsys)
+    assert "--lengths 4,000: one batch of 3 examples' logits alone needs" in text and "--no-log" not in text
+
+
+def test_probing_twice_under_one_name_is_refused_and_the_first_kept(home, capsys):
+    run, uri = home["rope"], home["uri"]
+    args = ["probe", run, "--lengths", "200", "--depths", "0,100", "--num", "2", "--name", "twice",
+            "--tracking-uri", uri]
+    assert main(args) == 0
+    capsys.readouterr()
+    first = {k: v for k, v in probe_metrics(home, run).items() if k.startswith("probe/twice/")}
+    history = MlflowClient(uri).get_metric_history(run, "probe/twice/recall_len200")
+    assert main(args) == 2
+    text = refused(capsys)
+    assert f"--name twice: run {run} already holds a probe named 'twice'" in text and "--name twice-2" in text
+    assert {k: v for k, v in probe_metrics(home, run).items() if k.startswith("probe/twice/")} == first
+    assert len(MlflowClient(uri).get_metric_history(run, "probe/twice/recall_len200")) == len(history) == 1
+
+
+def test_a_run_that_did_not_finish_is_probed_with_a_note(home, capsys):
+    run, client = home["needle"].run_id, MlflowClient(home["uri"])
+    client.update_run(run, status="FAILED")
+    try:
+        assert main(["probe", run, "--lengths", "48", "--num", "3", "--depths", "0,50,100", "--name", "failed-run",
+                     "--tracking-uri", home["uri"]]) == 0
+    finally:
+        client.update_run(run, status="FINISHED")
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"note: run {run} is FAILED (its training failed): the probe scores the weights it last saved" in out
+
+
+def test_a_refusal_names_the_run_once(home):
+    with pytest.raises(ConfigError) as caught:
+        harness.probe(home["needle"].run_id, "common_words", lengths=[48], log=False, tracking_uri=home["uri"])
+    assert f"run {home['needle'].run_id} was trained on" in str(caught.value)
+    assert "run run" not in str(caught.value)

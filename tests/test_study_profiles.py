@@ -69,11 +69,19 @@ def test_every_shipped_study_has_a_cpu_and_a_full_profile():
 
 
 #: Merged over a study's CPU profile: one tuning trial and two confirmation seeds of two steps,
-#: on a few examples (every shipped task has num_train and num_val).
+#: on a few examples (every shipped task has num_train and num_val), without the attention
+#: maps each run would draw (most of a tiny run's time; tests/test_core_train.py draws them).
 TINY_RUN = {"budget": {"trials": 1, "steps": 2}, "confirm": {"seeds": 2},
             "task": {"params": {"num_train": 64, "num_val": 8}},
-            "train": {"val_every": 1}, "pruner": {"name": "none"},
+            "train": {"val_every": 1, "log_attention": False}, "pruner": {"name": "none"},
             "resume": {"heartbeat_s": 1, "grace_s": 60, "poll_s": 0.3}}
+#: A scaling study's cells carry their compute (schema: 3 budgets spanning 10x, each buying
+#: every size at least one step): batches of two 32-token windows make the smallest such grid
+#: 16 times cheaper than the profile's own batches; validation only at the end, on 256 tokens,
+#: and a report with 20 bootstrap replicates (its intervals coarse: this proves it is written).
+TINY_SCALING = {"scaling": {"budgets": [6e7, 2e8, 6e8], "bootstrap": 20},
+                "train": {"batch_size": 2, "val_every": 1000},
+                "task": {"params": {"length": 32, "eval_tokens": 256}}}
 
 
 @pytest.mark.slow
@@ -89,8 +97,7 @@ def test_every_shipped_cpu_profile_runs_end_to_end_with_a_tiny_budget(path, tmp_
     data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"] or {}, TINY_RUN)
     if "scaling" in data:  # a scaling study's cells carry the compute: the smallest that fit a step
         data["profiles"]["cpu"]["budget"] = {"trials": 1}
-        data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"],
-                                                 {"scaling": {"budgets": [1e9, 3e9, 1e10]}})
+        data["profiles"]["cpu"] = profiles.merge(data["profiles"]["cpu"], TINY_SCALING)
     study = tmp_path / path.name
     study.write_text(yaml.safe_dump(data))
     out = tmp_path / "report"

@@ -58,6 +58,10 @@ def test_a_sweep_runs_every_candidate_at_every_width():
     ({"objective": {"metric": "loss", "over": "longest", "threshold": 1.0}}, "is minimised"),
     ({"objective": {"metric": "acc", "threshold": 0.5}}, "threshold belongs to over: longest"),
     ({"objective": {"metric": "acc", "over": "grid", "length": 64}}, "remove objective.length"),
+    ({"objective": {"metric": "recall", "over": "longest", "threshold": 1.5}}, "threshold 1.5: 'recall' runs from 0 to 1"),
+    ({"objective": {"metric": "recall", "over": "longest", "threshold": -0.1}}, "threshold -0.1: .* above 0"),
+    ({"objective": {"metric": "acc", "over": "longest", "threshold": 0}}, "threshold 0: .* held by every length or none"),
+    ({"objective": {"metric": "recall", "over": "longest", "threshold": float("nan")}}, "threshold: .* finite"),
 ])
 def test_bad_sweeps_and_grid_objectives_are_refused(extra, message):
     with pytest.raises(ConfigError, match=message):

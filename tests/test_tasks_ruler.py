@@ -129,7 +129,7 @@ def test_common_words_repeat_as_configured(registry):
 
 def test_too_short_a_length_is_refused_with_the_length_needed(registry):
     with pytest.raises(ValueError, match="raise length .* to at least 9"):
-        make(registry, "needle", length=8, num_keys=2, num_train=2, num_val=2).examples("train", 8)
+        make(registry, "needle", length=8, num_keys=2, num_train=2, num_val=5).examples("train", 8)
     with pytest.raises(ConfigError, match="num_queries .* more keys"):
         make(registry, "needle", num_keys=1, num_queries=2)
     with pytest.raises(ConfigError, match="set path"):
@@ -185,7 +185,7 @@ def test_a_tokenizer_that_cannot_spell_the_needle_is_refused(registry, tmp_path)
     src.write_text("\n\n".join("abc def ghi " * 50 + "a" * i for i in range(20)))  # 20 documents
     folder = tmp_path / "chars"
     prepare_corpus([src], folder, tokenizer="chars", progress=False, split_fractions=(0.5, 0.5, 0))
-    task = make(registry, "needle", length=300, num_train=2, num_val=2, path=str(folder))
+    task = make(registry, "needle", length=300, num_train=2, num_val=5, path=str(folder))
     with pytest.raises(ConfigError, match="cannot spell"):
         task.examples("val", 300)
 

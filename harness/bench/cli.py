@@ -156,16 +156,15 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
     import tempfile
 
     from harness.bench import autotune, common, gpu
+    from harness.bench.gpu_args import check_gpu_args
 
+    check_gpu_args(args)  # every option, before any work
     device = gpu.require_cuda(args.dry_run)  # exit 2 without CUDA, unless a dry run
     if os.environ.get(autotune.REP_ENV) or os.environ.get(autotune.SLICE_ENV):
         print(autotune.apply_from_environment(), flush=True)
     if args.deadline is not None:  # the time-boxed proof: sections in processes of their own
         from harness.bench import proof
 
-        if not args.records:
-            raise HarnessError("--deadline needs --records DIR: the folder its records are written "
-                               "into as each section ends (proof.md, proof.jsonl, tests.xml).")
         records = Path(args.records)
         clash = [name for name in proof.Records.NAMES if (records / name).exists()]
         if clash:

@@ -266,20 +266,18 @@ def record_path(output: str | None, name: str, device: str, started: datetime,
     """Where a benchmark writes its record: ``--output PATH`` (never an existing file), none
     for ``-``, else a new dated file ``benchmarks/<name>_<device>_<date>.md`` (``-2``, ``-3``
     ... when that date already has one): a committed record is never overwritten."""
+    from harness.runtime.paths import new_file
+
     if output == "-":
         return None
-    if output:
-        path = Path(output)
-        if path.exists():
-            raise HarnessError(f"--output {path} already exists; benchmarks never overwrite a record. "
-                               f"Choose a new path, or delete the old file first.")
-        return path
+    if output:  # checked before any measurement: a refusal after them would lose them
+        return new_file(output, "--output")
     stem = f"{name}_{device}_{started:%Y-%m-%d}"
     path, n = Path(directory) / f"{stem}.md", 1
     while path.exists():
         n += 1
         path = Path(directory) / f"{stem}-{n}.md"
-    return path
+    return new_file(path, "the record (--output to choose another)")
 
 
 def write_record(path: Path | None, text: str) -> None:

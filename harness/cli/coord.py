@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
@@ -34,7 +33,9 @@ def run_coord(registry: Any, specs: list[Any], args: argparse.Namespace, params:
     if args.steps < 2 or args.seeds < 1 or not args.lr > 0:
         raise HarnessError("--steps must be at least 2 (a step after the first update), --seeds at "
                            "least 1 and --lr positive; e.g. --steps 4 --seeds 2 --lr 1e-2")
-    out = Path(args.out)
+    from harness.runtime.paths import writable_folder
+
+    out = writable_folder(args.out, "--out")  # before minutes of training, not after
     failed = []
     for spec in specs:
         started = time.perf_counter()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError, shorten
+from harness.evaluation.probe_checks import SIZED_BY, check_data_size, check_logits_size, check_run
 
 #: What the task's params that only size its data are replaced by in a probe.
 SIZING = ("length", "eval_lengths", "num_train", "num_val", "depths")
@@ -56,6 +57,7 @@ class ProbeResult:
     examples: int  # per length
     params: dict[str, Any] = field(default_factory=dict)  # the task's params as probed
     logged: bool = False
+    notes: list[str] = field(default_factory=list)  # what the reader should know (the run's state)
 
     @property
     def cells(self) -> dict[tuple[int, int], float]:
@@ -98,15 +100,21 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
         raise ConfigError("--num and --batch-size must be at least 1.")
     if split not in ("val", "test"):
         raise ConfigError(f"--split must be val or test, got {split!r}.")
-    label = name or task
+    label = task if name is None else name
     if not NAME.match(label):
-        raise ConfigError(f"--name {shorten(label, 40)!r}: letters, digits, '_', '.', '-' only (it names "
-                          f"the run's metrics probe/<name>/...).")
+        raise ConfigError(f"--name {shorten(label, 40)!r}: 1 to 64 letters, digits, '_', '.', '-', starting "
+                          f"with a letter or digit (it names the run's metrics probe/<name>/...).")
+    sized = sorted(set(params or {}) & set(SIZING))
+    if sized:
+        raise ConfigError(f"--set {sized[0]}: a probe sizes its data itself ({SIZED_BY}); use those "
+                          f"options instead of --set {', '.join(sized)}.")
+    check_data_size(lengths, num)
     from harness.evaluation.runner import run_tracker
     from harness.run.hub import load_any
 
     logging = log and not Path(str(run)).is_dir()
     tracker = run_tracker(str(run), tracking_uri) if logging else None  # before any work
+    notes = check_run(tracker, str(run), label) if tracker is not None else []
     trained = load_any(run, trust_plugins=trust_plugins)
     if trained.info.format != "lm":
         raise HarnessError(f"{run} trained a {trained.task_kind} task in the {trained.info.format} format: "
@@ -114,10 +122,13 @@ def probe(run: str | Path, task: str = "needle", *, lengths: Sequence[int], dept
     own, registry, own_plan = _run_task(trained)
     probe_task = _probe_task(trained, own, registry, task, lengths, depths, params or {}, num, seed)
     _check_context(trained, own_plan, lengths, max_length, run)
+    check_logits_size(lengths[-1], min(num, batch_size), trained.info.vocab_size,
+                       next(trained.model.parameters()).device)
     by_length = {n: _score(trained.model, probe_task, split, n, batch_size) for n in lengths}
     result = ProbeResult(str(run), task, label, "recall", lengths, list(getattr(probe_task, "depths", ())),
                          by_length, int(trained.info.max_length), num,
-                         {k: v for k, v in vars(probe_task.config).items() if k not in ("num_train",)})
+                         {k: v for k, v in vars(probe_task.config).items() if k not in ("num_train",)},
+                         notes=notes)
     if tracker is not None:
         record(tracker, str(run), result)
         result.logged = True
@@ -164,7 +175,7 @@ def _probe_task(trained: Any, own: Any, registry: Any, name: str, lengths: list[
         given = {**base, **given}
     else:
         raise ConfigError(
-            f"run {trained.source} was trained on the symbol task '{run_task}', whose vocabulary "
+            f"{trained.source} was trained on the symbol task '{run_task}', whose vocabulary "
             f"has no words for '{name}': a probe writes its needles in the run's own vocabulary. "
             f"Probe a run trained on '{name}' itself, or a language model trained on a prepared "
             f"corpus (corpus_lm), whose tokenizer can write them (or pass --set path=FOLDER, a "
@@ -175,8 +186,11 @@ def _probe_task(trained: Any, own: Any, registry: Any, name: str, lengths: list[
     try:
         config = resolve(spec.config, {**given, **sizing}, "--set")
         task = spec.build(config, seed=seed)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} ({SIZED_BY})") from None
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"task '{name}' cannot be probed with these settings: {shorten(str(exc), 400)}") from None
+        raise ConfigError(f"task '{name}' cannot be probed with these settings: {shorten(str(exc), 400)} "
+                          f"({SIZED_BY})") from None
     if task.task_kind != "lm" or not hasattr(task, "statistics"):
         raise ConfigError(f"task '{name}' is not a long-context probe (an lm task scoring answers).")
     if task.vocab.size != trained.info.vocab_size or (corpus is None and "path" not in params

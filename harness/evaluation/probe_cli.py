@@ -44,13 +44,21 @@ def table(result: Any) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    import math
+
+    from harness.errors import ConfigError
     from harness.evaluation.probe import probe
 
+    if not (math.isfinite(args.threshold) and 0 < args.threshold <= 1):
+        raise ConfigError(f"--threshold {args.threshold:g}: recall is a fraction, so the level a length "
+                          f"must hold is above 0 and at most 1, e.g. --threshold 0.9.")
     depths = _ints(args.depths, "--depths") if args.depths else None
     result = probe(args.run, args.task, lengths=_ints(args.lengths, "--lengths"), depths=depths,
                    params=_params(args.set), num=args.num, split=args.split, max_length=args.max_length,
                    batch_size=args.batch_size, name=args.name, log=not args.no_log,
                    tracking_uri=args.tracking_uri, trust_plugins=args.trust_plugins, seed=args.seed)
+    for note in result.notes:
+        print(note)
     print(f"probe {result.name}: task {result.task}, val/{result.metric} ({result.examples} examples per "
           f"length, split {args.split}), run {result.run}")
     print(table(result))

@@ -20,7 +20,6 @@ import hashlib
 import importlib.util
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +31,7 @@ import pluggy
 
 from harness.errors import HarnessError
 from harness.registry import hookspecs
+from harness.registry.import_cost import ImportCost
 from harness.registry.specs import KINDS, PluginFailure, Registry, stamp, validate_spec
 
 ENTRY_POINT_GROUP = "harness"
@@ -177,19 +177,20 @@ def _import(registry: Registry, source: _Source) -> tuple[Any, str | None]:
     """Import one plugin, isolated from everything it may raise or exit with (but Ctrl-C),
     and time it; a slow import is recorded as a warning naming what it imported."""
     before = set(sys.modules)
-    started = time.perf_counter()
     try:
-        obj = source.load()
+        with ImportCost(source.module).measure() as cost:  # less what shared dependencies cost
+            obj = source.load()
     except HarnessError as exc:
         return None, str(exc)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit, an exception from a C extension, ...
         return None, f"failed to import: {_describe(exc)}"
-    seconds = time.perf_counter() - started
+    seconds = cost.own
     if seconds > SLOW_IMPORT_S:
         own = source.module.split(".")[0]
-        heavy = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {own, "harness_plugins"})
+        shared = {m.split(".")[0] for m in before}  # not the plugin's: see ImportCost
+        heavy = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {own, "harness_plugins"} - shared)
         registry.warnings.append(
             f"plugin {source.name} takes {seconds:.1f} s to import"
             + (f" (it imports {', '.join(heavy[:6])}{' ...' if len(heavy) > 6 else ''})" if heavy else "")

@@ -161,6 +161,7 @@ def analyse(config: StudyConfig, results: list[CandidateResult], *, confidence: 
     """The scaling fits of a scaling study (None for any other study)."""
     if config.scaling is None:
         return None
+    n_boot = config.scaling.bootstrap or n_boot
     out = ScalingAnalysis(config.scaling.unit, transfer_text(config), confidence=confidence)
     out.runs = runs_by_base(config, results)
     bases = list(dict.fromkeys(c.cell.base for c in config.candidates if c.cell is not None))

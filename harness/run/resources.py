@@ -36,7 +36,10 @@ GiB = 2**30
 class Estimate:
     parameters: int
     state_bytes: int  # weights, gradients, optimiser state
-    logits_bytes: int  # logits of one batch and their gradient
+    logits_bytes: int  # logits of one batch and their gradient (or of one evaluation batch, if more)
+    pass_examples: int = 0  # the examples of that batch
+    pass_length: int = 0  # its input length
+    evaluating: bool = False  # the larger batch is an evaluation's (a longer eval_lengths)
 
     @property
     def total(self) -> int:
@@ -98,8 +101,27 @@ def estimate(p: Plan, info: TaskInfo, build_model: Callable[[Plan, TaskInfo], An
     state = 4 * (params * (2 + _optimizer_factor(p)) + buffers)
     width = info.num_classes if info.num_classes else info.vocab_size
     length = 1 if info.format in ("classification", "seq2seq") else info.max_length
-    logits = 2 * 4 * accumulation(p.config.train)[0] * length * width  # one micro-batch's
-    return Estimate(params, state, logits)
+    micro = accumulation(p.config.train)[0]
+    logits = 2 * 4 * micro * length * width  # one micro-batch's
+    longest, rows = eval_pass(p, length)
+    if rows * longest > micro * length:  # validation at a longer eval_lengths: one full batch's
+        return Estimate(params, state, 2 * 4 * rows * longest * width, rows, longest, True)
+    return Estimate(params, state, logits, micro, length)
+
+
+def eval_pass(p: Plan, length: int) -> tuple[int, int]:
+    """The longest input an evaluation reads (``length`` scaled as the task's longest
+    ``eval_lengths`` is to its training length) and the examples of its batch (the training
+    batch, at most ``num_val``): validation runs every evaluation length, not only ``length``."""
+    c = p.task.params
+    try:
+        train, longest = int(c.length), max((int(n) for n in getattr(c, "eval_lengths", ()) or ()), default=0)
+        rows = min(int(p.config.train.batch_size), int(c.num_val))
+    except (AttributeError, TypeError, ValueError):
+        return length, 0
+    if longest <= train or length <= 1:
+        return length, 0
+    return length * longest // train, rows
 
 
 #: bytes a generated example holds per token, at least (one 8-byte list slot; the int objects
@@ -179,12 +201,15 @@ def check_memory(p: Plan, info: TaskInfo, device: Any,
     if est is None or room is None or est.total <= room:
         return est
     where = "GPU" if getattr(device, "type", "cpu") == "cuda" else "RAM"
+    fix = ("Lower the longest task.params.eval_lengths (or train.batch_size: validation reads "
+           "batches of it)" if est.evaluating else
+           "Lower the model's size, or set train.micro_batch_size below train.batch_size (gradient "
+           "accumulation: the same optimizer batch in smaller passes)")
     raise OutOfMemory(
         f"the run needs at least {est.total / GiB:,.1f} GiB but {room / GiB:,.1f} GiB of {where} "
         f"is available: {est.parameters:,} parameters need {est.state_bytes / GiB:,.1f} GiB "
-        f"(weights, gradients, {p.config.train.optimizer} state) and one batch's logits "
-        f"{est.logits_bytes / GiB:,.1f} GiB ({accumulation(p.config.train)[0]} examples per pass, "
-        f"length {info.max_length}, {info.num_classes or info.vocab_size} classes). Nothing "
-        f"was trained or recorded. Lower the model's size, or set train.micro_batch_size below "
-        f"train.batch_size (gradient accumulation: the same optimizer batch in smaller passes)."
+        f"(weights, gradients, {p.config.train.optimizer} state) and one "
+        f"{'evaluation ' if est.evaluating else ''}batch's logits {est.logits_bytes / GiB:,.1f} GiB "
+        f"({est.pass_examples} examples per pass, length {est.pass_length}, "
+        f"{info.num_classes or info.vocab_size} classes). Nothing was trained or recorded. {fix}."
     )

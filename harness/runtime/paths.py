@@ -160,3 +160,48 @@ def new_folder(path: str | os.PathLike[str], flag: str) -> Path:
                           f"Pick a folder in a place you can write.") from None
     remove_temp_folder(probe, target, "probe")
     return target
+
+
+def _writable_place(path: Path, flag: str, shown: Path | None = None) -> None:
+    """Refuse (ConfigError naming ``flag``) unless ``path``'s nearest existing folder (itself,
+    or the first parent that exists) is a folder this user can make things in: a real try."""
+    from harness.errors import ConfigError, shorten
+
+    shown = path if shown is None else shown
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    except OSError as exc:  # a name too long, a loop of links
+        raise ConfigError(f"{flag} {shorten(str(shown), 120)}: not a usable path ({exc.strerror or exc}).") from None
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {shown}: {existing} is a file, not a folder, so nothing can be "
+                          f"written there. Pick a path in a folder.")
+    target = existing / ".write-probe"
+    try:
+        probe = make_temp_folder(target, "probe")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {shown}: nothing can be written in {existing} ({exc.strerror or exc}). "
+                          f"Pick a path in a place you can write.") from None
+    remove_temp_folder(probe, target, "probe")
+
+
+def new_file(path: str | os.PathLike[str], flag: str) -> Path:
+    """``path`` as a file a command will write when it ends: it must not exist (a record is
+    never overwritten) and must be writable where it is; a ConfigError naming ``flag``
+    otherwise, before any work (a refusal after the work would lose it)."""
+    from harness.errors import ConfigError
+
+    target = Path(path)
+    if target.exists() or target.is_symlink():
+        what = "a folder" if target.is_dir() else "a file"
+        raise ConfigError(f"{flag} {target} already exists ({what}); the harness never overwrites a record: "
+                          f"choose a new path, or move the old one first.")
+    _writable_place(target.parent, flag, target)
+    return target
+
+
+def writable_folder(path: str | os.PathLike[str], flag: str) -> Path:
+    """``path`` as a folder a command writes files into: an existing folder or a new one, in a
+    place this user can write; a ConfigError naming ``flag`` otherwise, before any work."""
+    target = Path(path)
+    _writable_place(target, flag)
+    return target

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +43,8 @@ StudySeed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 #: Metrics whose direction is known; any other metric needs ``objective.direction``.
 MINIMIZE = frozenset({"loss", "ppl", "bpc", "bpb", "per", "wer", "cer", "error",
                       "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"})
+#: the maximised metrics on sacrebleu's 0-100 scale (the others of MAXIMIZE are fractions)
+SCALE_100 = {"bleu": 100.0, "chrf": 100.0}
 MAXIMIZE = frozenset({"acc", "exact", "recall", "bleu", "f1", "macro_f1", "chrf", "exact_match", "acc_norm"})
 #: An objective of this form is a downstream (lm-eval) metric: ``eval/<task>/<metric>``.
 DOWNSTREAM_PREFIX = "eval/"
@@ -200,6 +203,12 @@ class Objective(Strict):
             if self.direction == "minimize":
                 raise ValueError(f"over: longest counts lengths held at or above threshold; "
                                  f"'{self.metric}' is minimised (rank by recall or acc)")
+            top = SCALE_100.get(self.metric, 1.0 if self.metric in MAXIMIZE else math.inf)
+            if not (math.isfinite(self.threshold) and 0 < self.threshold <= top):
+                raise ValueError(f"threshold {self.threshold:g}: '{self.metric}' "
+                                 + (f"runs from 0 to {top:g}, so a level above 0 and at most {top:g} "
+                                    f"(e.g. {0.9 * top:g})" if math.isfinite(top) else "needs a finite level")
+                                 + " decides which lengths are held; any other is held by every length or none")
         return self
 
 
@@ -422,6 +431,9 @@ class ScalingConfig(Strict):
         min_length=3, description="training compute of each run; at least 3 spanning >= 10x")
     unit: Literal["flops", "tokens"] = "flops"
     transfer: ScalingTransfer = Field(default_factory=ScalingTransfer)
+    bootstrap: int | None = Field(None, ge=20, le=100_000, exclude_if=lambda v: v is None, description=(
+        "bootstrap replicates behind the report's intervals (default: the report's, 400); fewer "
+        "give a quicker report with coarser intervals"))
 
     @model_validator(mode="after")
     def _grid(self) -> ScalingConfig:

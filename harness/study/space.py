@@ -389,7 +389,7 @@ def _check_plan(space: StudySpace, cand: CandidateSpace) -> None:
     first_error = None
     widths: list[int | None] = list(cand.widths) or [None]
     for width in widths:
-        run = space.base_run_config(cand)
+        run = {**space.base_run_config(cand), "train": dict(space.config.train)}  # strategy...
         if width is not None:
             run["model"]["params"][str(cand.width_param)] = width
         try:
@@ -481,6 +481,7 @@ def validate(config: StudyConfig, registry: Registry) -> StudySpace:
     space = StudySpace(config, registry, cands, train_ranges, 0, (), mup_ranges=_parse_mup(config))
     for cand in cands:
         _check_plan(space, cand)
+    transfer.check_space(space)
     space.train_length, space.eval_lengths = space.task.train_length, tuple(space.task.eval_lengths)
     logged = logged_metrics(space.task)
     if logged is not None and config.objective.metric not in logged and not config.objective.downstream:

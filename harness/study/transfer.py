@@ -47,6 +47,47 @@ def check_transfer(config: Any) -> None:
             raise ValueError(f"candidates ({cand.name}): model.base needs model.parametrization: mup")
 
 
+def check_space(space: Any) -> None:
+    """``transfer.base`` against every candidate, before anything is created: each base param
+    is some candidate's, no base is wider than the candidate it stands for, and each
+    candidate's tuning run (its model at the base, in μP, with the study's train settings)
+    plans as a run (μP refuses ``strategy: fsdp``); a ConfigError naming the field otherwise."""
+    import dataclasses
+
+    from harness.config import parse_run_config
+    from harness.errors import HarnessError
+    from harness.run.plan import plan
+
+    t = space.config.transfer
+    if t is None:
+        return
+    used: set[str] = set()
+    for cand in space.candidates:
+        mine = base_for(cand, t.base)
+        used |= set(mine)
+        run = {**space.base_run_config(cand), "train": dict(space.config.train)}
+        defaults = {f.name: f.default for f in dataclasses.fields(cand.model.spec.config)}
+        for key, value in mine.items():
+            full = run["model"]["params"].get(key, defaults.get(key))
+            matched = key == cand.width_param and space.config.width_target is not None
+            if not matched and isinstance(full, int) and value > full:
+                raise ConfigError(
+                    f"transfer.base.{key}: {value} is wider than candidate '{cand.name}' ({key} = {full}): "
+                    f"the trials tune a smaller model than the one confirmed, never a wider one. Set "
+                    f"transfer.base.{key} to at most {full} (μP's base is the smallest width).")
+        try:
+            plan(parse_run_config(tuning_run(run, cand, t.base)), space.registry)
+        except HarnessError as exc:
+            raise ConfigError(f"transfer: candidate '{cand.name}' tuned at the base shape "
+                              f"({', '.join(f'{k} = {v}' for k, v in mine.items())}, in μP): {exc}") from None
+    unknown = [k for k in t.base if k not in used]
+    if unknown:
+        raise ConfigError(
+            f"transfer.base.{unknown[0]}: no candidate's model has a param '{unknown[0]}', so it sets "
+            f"nothing (a misspelt width?). Remove it, or name a param of the candidates' models "
+            f"that sets their width, e.g. d_model.")
+
+
 def base_for(cand: Any, base: dict[str, int]) -> dict[str, int]:
     """The base's params that the candidate's model has (a ConfigError naming it when none)."""
     import dataclasses

@@ -56,7 +56,7 @@ class NeedleConfig(RulerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_depths(self.depths)
+        check_depths(self.depths, self.num_val)
         if self.num_queries > self.num_keys:
             raise ValueError(f"num_queries ({self.num_queries}) asks for more keys than there are "
                              f"needles (num_keys {self.num_keys}); raise num_keys.")

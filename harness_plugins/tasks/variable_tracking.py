@@ -43,7 +43,7 @@ class VariableTrackingConfig(RulerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_depths(self.depths)
+        check_depths(self.depths, self.num_val)
         chains, names = self.num_chains, self.num_chains * (self.num_hops + 1)
         if not self.path and (self.variables < names or self.numbers < chains):
             raise ValueError(f"{chains} chain(s) of {self.num_hops + 1} variables need "

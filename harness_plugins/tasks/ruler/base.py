@@ -76,9 +76,14 @@ class RulerConfig(TaskConfig):
                              "by `harness data prepare` (or use haystack: random).")
 
 
-def check_depths(depths: Sequence[int]) -> None:
+def check_depths(depths: Sequence[int], num_val: int) -> None:
     if not depths or any(not 0 <= d <= 100 for d in depths) or len(set(depths)) != len(depths):
         raise ValueError(f"depths must be distinct percents from 0 to 100, got {list(depths)}.")
+    if num_val < len(depths):  # example i is at depths[i % len(depths)]: the last ones get none
+        raise ValueError(f"num_val {num_val} is fewer than the {len(depths)} depths {list(depths)}: "
+                         f"depths {list(depths[num_val:])} would get no example and no score. Raise "
+                         f"num_val to at least {len(depths)} (a multiple of it spreads them evenly), "
+                         f"or give fewer depths.")
 
 
 class RulerTask(Task):
