@@ -177,6 +177,11 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(100, ge=0, le=MAX_STEPS)
     grad_clip: float | None = Field(1.0, gt=0, le=1e6)
     val_every: int = Field(250, ge=1, le=MAX_STEPS, description="validate every N optimizer steps")
+    log_every: int | None = Field(
+        None, ge=1, le=MAX_STEPS, exclude_if=lambda v: v is None,
+        description="log train/loss and train/acc every N optimizer steps, each point the mean of "
+                    "the steps since the previous one (accumulated on the device: harness.run."
+                    "trainlog); unset: val_every / 4, at most 50")
     seed: Seed = Field(0, description="model initialisation and data order")
     data_seed: Seed = Field(0, description="task data generation (same data for every candidate)")
     label_smoothing: float = Field(0.0, ge=0, lt=1)

@@ -35,6 +35,7 @@ from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import OncePerStep, Resume
 from harness.run.system import HarnessDataModule, HarnessSystem
+from harness.run.trainlog import log_every
 from harness.runtime import devices
 from harness.store import tracking
 
@@ -108,7 +109,7 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,
         enable_model_summary=False,
-        log_every_n_steps=max(1, min(50, t.val_every // 4)),
+        log_every_n_steps=log_every(t),  # the system logs training metrics itself (harness.run.trainlog)
         num_sanity_val_steps=0,
         default_root_dir=tracking.home() / "lightning",
         deterministic=devices.deterministic(device, t.deterministic),

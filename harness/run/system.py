@@ -36,6 +36,7 @@ from harness.run.accumulate import BATCH_TOKENS, MicroBatches, accumulation, has
 from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
 from harness.run.order import ShuffledOrder
+from harness.run.trainlog import CHECKPOINT_KEY, TrainMetrics, log_every
 
 
 class TrainingDiverged(RuntimeError):
@@ -178,6 +179,8 @@ class HarnessSystem(L.LightningModule):
         #: the optimizer step's summed loss, correct predictions and scored tokens so far
         self._step_sums: torch.Tensor | None = None
         self._micro = 0  # micro-batches of the current optimizer step seen, modulo accumulate
+        #: the training metrics' open window, logged every log_every(cfg) steps (harness.run.trainlog)
+        self.train_metrics = TrainMetrics(log_every(cfg))
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -201,7 +204,7 @@ class HarnessSystem(L.LightningModule):
         stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
         loss = stats["loss"]
         self._watch(loss)
-        self._log_training(stats, batch["targets"].shape[0])
+        self._log_training(stats)
         total = batch.get(BATCH_TOKENS)
         trainer = self._trainer  # None: a step run by hand (tests)
         world = trainer.world_size if trainer is not None else 1
@@ -220,11 +223,13 @@ class HarnessSystem(L.LightningModule):
         # training_step returns by the micro-batches per step, which this undoes
         return stats["loss_sum"] / total.clamp(min=1).to(stats["loss_sum"].dtype) * self.accumulate * world
 
-    def _log_training(self, stats: dict[str, torch.Tensor], rows: int) -> None:
+    def _log_training(self, stats: dict[str, torch.Tensor]) -> None:
         """``train/loss`` and ``train/acc`` of the optimizer step: the scored tokens' summed loss
         and correct predictions over every micro-batch of the step and every process, over
         their count, so that a logged training metric means the same at any world size and
-        micro-batch size (one reduction of three numbers per step, on the device)."""
+        micro-batch size (one reduction of three numbers per step, on the device, with several
+        processes). Added to the open window on the device, logged when the window closes
+        (:mod:`harness.run.trainlog`): before any callback of this step writes a checkpoint."""
         part = torch.stack([stats["loss_sum"].detach(), stats["correct"], stats["tokens"]]).to(torch.float64)
         self._step_sums = part if self._step_sums is None else self._step_sums + part
         self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
@@ -232,14 +237,21 @@ class HarnessSystem(L.LightningModule):
             return  # not the step's last micro-batch
         sums, self._step_sums = self._step_sums, None
         trainer = self._trainer  # None: a step run by hand (tests)
-        world = trainer.world_size if trainer is not None else 1
-        if trainer is not None and world > 1:
+        if trainer is not None and trainer.world_size > 1:
             sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        tokens = sums[2].clamp(min=1)
-        # the batch size Lightning averages epoch-level values with; every value is logged per step
-        rows *= self.accumulate * world
-        self.log(Metric.TRAIN_LOSS, sums[0] / tokens, on_step=True, prog_bar=True, batch_size=rows)
-        self.log(Metric.TRAIN_ACC, sums[1] / tokens, on_step=True, batch_size=rows)
+        self.train_metrics.add(sums)
+        if self.train_metrics.due(self.global_step, trainer.max_steps if trainer is not None else None):
+            self.flush_training(self.global_step)
+
+    def flush_training(self, step: int) -> None:
+        """Log the open window's means at ``step`` (0-based: the last step trained)."""
+        values = self.train_metrics.flush()
+        trainer = self._trainer
+        if not values or trainer is None:
+            return
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
+        if trainer.logger is not None:
+            trainer.logger.log_metrics(values, step=step)
 
     def _watch(self, loss: torch.Tensor) -> None:
         """Note the first non-finite loss on the device; read the note when due (see module)."""
@@ -266,6 +278,13 @@ class HarnessSystem(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_finite()
+        self.flush_training(self.global_step - 1)  # a window left open (max_time_s stopped it)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.train_metrics.state_dict()  # the open window
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.train_metrics.load_state_dict(checkpoint.get(CHECKPOINT_KEY))
 
     def on_validation_start(self) -> None:
         if self.trainer.state.fn == "fit":
