@@ -65,20 +65,31 @@ def test_a_logged_training_point_is_the_mean_of_the_steps_since_the_previous_one
         assert acc[end] == pytest.approx(sum(per_step_acc[s] for s in steps) / len(steps), rel=1e-12)
 
 
-def test_the_window_is_read_only_when_it_closes_and_survives_a_checkpoint():
-    metrics = TrainMetrics(every=4)
-    steps = [torch.tensor([6.0, 2.0, 3.0], dtype=torch.float64), torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)]
-    for s in steps:
-        metrics.add(s)
-    assert [metrics.due(i, 10) for i in range(10)] == [False, False, False, True] * 2 + [False, True]
-    saved = metrics.state_dict()
-    restored = TrainMetrics(every=4)
-    restored.load_state_dict(saved)
-    restored.add(torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64))  # nothing scored: loss 0
-    assert restored.flush() == pytest.approx({"train/loss": (2 + 1 + 0) / 3, "train/acc": (2 / 3 + 1 + 0) / 3})
-    assert restored.flush() == {} and restored.steps == 0
-    restored.load_state_dict(None)  # a checkpoint written before windows existed
-    assert restored.steps == 0 and restored.flush() == {}
+def test_the_window_is_read_in_step_order_and_survives_a_checkpoint_bit_for_bit():
+    """Where the reads and a checkpoint fall does not change a bit of a logged mean."""
+    values = torch.rand(13, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    values[:, 2] = torch.randint(0, 9, (13,), generator=torch.Generator().manual_seed(4))  # 0: nothing scored
+    plain = TrainMetrics(every=13, check_every=1000)
+    for step, row in enumerate(values):
+        plain.add(step, row)
+    assert [plain.due(i, 20) for i in range(13)] == [False] * 12 + [True] and plain.due(19, 20)
+    expected = plain.flush()
+    per_step = [(r[0] / max(r[2], 1.0), r[1] / max(r[2], 1.0)) for r in values.tolist()]
+    assert expected == pytest.approx({"train/loss": sum(x for x, _ in per_step) / 13,
+                                      "train/acc": sum(y for _, y in per_step) / 13}, rel=1e-14)
+    first = TrainMetrics(every=13, check_every=3)  # reads every 3 steps, checkpointed after step 7
+    for step, row in enumerate(values[:8]):
+        first.add(step, row)
+        if first.read_due(step):
+            first.read()
+    resumed = TrainMetrics(every=13, check_every=3)
+    resumed.load_state_dict(first.state_dict())
+    for step, row in enumerate(values[8:], start=8):
+        resumed.add(step, row)
+    assert resumed.flush() == expected  # equal, not approximately
+    assert resumed.flush() == {} and resumed.steps == 0
+    resumed.load_state_dict(None)  # a checkpoint written before windows existed
+    assert resumed.steps == 0 and resumed.flush() == {}
 
 
 def test_the_default_interval_keeps_short_runs_per_step_and_long_ones_at_the_measured_one():

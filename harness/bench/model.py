@@ -168,15 +168,19 @@ def throughput(steps: list[tuple[float, float, int]], warmup: int,
     return sum(t for _, _, t in timed) / seconds, 1000 * common.median([b - a for a, b, _ in timed])
 
 
-def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None) -> dict[str, Any]:
+def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None,
+                 clocks: list[Any] | None = None) -> dict[str, Any]:
     """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
-    runs one ``reference`` step after each of its steps."""
+    runs one ``reference`` step after each of its steps (the callback is appended to
+    ``clocks``: its ``steps`` and ``between_steps`` are each step's times)."""
     from harness.run.pipeline import train
     from harness.run.plan import load_registry, plan
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.max_steps = cfg.train.val_every = steps
     clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference)
+    if clocks is not None:
+        clocks.append(clock)
     start = time.perf_counter()
     train(cfg, callbacks=[clock])
     end = time.perf_counter()

@@ -52,6 +52,9 @@ class DataWait(Profiler):
         self._started: dict[str, float] = {}
 
     def start(self, action_name: str) -> None:
+        # Lightning calls this around every hook of every step: the cheapest test first
+        if action_name[-1] not in "te":  # neither "..._next" nor "...batch_to_device"
+            return
         if action_name.endswith("_next"):  # which loop fetches: the transfer that follows is its
             self._training = action_name.endswith("train_dataloader_next")
         if self.counting and self._training and (
@@ -59,9 +62,10 @@ class DataWait(Profiler):
             self._started[action_name] = time.perf_counter()
 
     def stop(self, action_name: str) -> None:
-        started = self._started.pop(action_name, None)
-        if started is not None:
-            self.seconds += time.perf_counter() - started
+        if self._started:
+            started = self._started.pop(action_name, None)
+            if started is not None:
+                self.seconds += time.perf_counter() - started
 
     def summary(self) -> str:
         return ""  # nothing to print at the end of fitting

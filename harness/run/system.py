@@ -9,11 +9,12 @@ by default.
 
 **A training step that never waits for the host.** The loss is computed with masked
 operations over every position (boolean indexing would ask the device how many positions are
-scored), and the finiteness guard keeps a flag on the device: the first step whose loss was
-not finite and its value, read every :data:`CHECK_EVERY` steps on a GPU (every step on the
-CPU, where reading costs nothing), before each validation and when training ends. A run that
-diverges on a GPU therefore stops up to ``CHECK_EVERY`` steps later, naming the step where it
-diverged. ``tests/test_host_sync.py`` counts the host round trips of a few training steps.
+scored); the step's ``train/loss`` and ``train/acc`` stay on the device until a window of
+``train.log_every`` steps closes or :data:`~harness.run.trainlog.CHECK_EVERY` steps passed
+(:mod:`harness.run.trainlog`), when they are read at once: that read is also the finiteness
+guard, so a run whose loss stops being finite stops at the next read (before each
+validation and when training ends too), naming the step where it diverged.
+``tests/test_host_sync.py`` counts the host round trips of a few training steps.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ from harness.run.trainlog import CHECKPOINT_KEY, TrainMetrics, log_every
 
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
-
-
-#: How often (optimizer steps) a GPU run reads its on-device non-finite-loss flag.
-CHECK_EVERY = 50
 
 
 class CompileFailed(HarnessError):
@@ -127,12 +124,14 @@ class HarnessDataModule(L.LightningDataModule):
 
 
 def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0,
-                 token_bytes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                 token_bytes: torch.Tensor | None = None, *, evaluation: bool = True) -> dict[str, torch.Tensor]:
     """Loss and counts over the scored positions of a batch; with ``token_bytes`` (per id,
     the UTF-8 bytes it stands for) also the bytes of the scored targets' text.
 
     ``loss`` is the mean over the scored positions, ``loss_sum`` its sum (what accumulation
-    normalises by the whole optimizer batch's tokens). Masked operations only: no boolean
+    normalises by the whole optimizer batch's tokens), ``tokens`` and ``correct`` their
+    counts; ``evaluation=False`` (a training step) leaves out what only validation sums
+    (``nll_sum``, ``exact``, ``sequences``, ``bytes``). Masked operations only: no boolean
     indexing, so no host round trip (see the module)."""
     mask = batch["loss_mask"]
     targets = batch["targets"]
@@ -145,20 +144,13 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     loss_sum = nll if not label_smoothing else torch.where(flat_mask, F.cross_entropy(
         flat_logits, flat_targets, label_smoothing=label_smoothing, reduction="none"), zero).sum()
     tokens = mask.sum()
-    loss = loss_sum / tokens.clamp(min=1)
-    pred = logits.argmax(-1)
-    correct = (pred == targets) & mask
+    correct = (logits.argmax(-1) == targets) & mask
+    out = {"loss": loss_sum / tokens.clamp(min=1), "loss_sum": loss_sum, "tokens": tokens, "correct": correct.sum()}
+    if not evaluation:
+        return out
     # a sequence is exact when every scored position is right (classification: the label)
     exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
-    out = {
-        "loss": loss,
-        "loss_sum": loss_sum,
-        "nll_sum": nll.detach(),
-        "tokens": tokens,
-        "correct": correct.sum(),
-        "exact": exact,
-        "sequences": torch.tensor(mask.shape[0]),
-    }
+    out.update(nll_sum=nll.detach(), exact=exact, sequences=torch.tensor(mask.shape[0]))
     if token_bytes is not None:
         out["bytes"] = torch.where(mask, token_bytes[picked], 0).sum()
     return out
@@ -172,10 +164,6 @@ class HarnessSystem(L.LightningModule):
         self._sums: dict[int, dict[str, Any]] = {}
         self._token_bytes: torch.Tensor | None = None  # on the device, made at first use
         self.accumulate = accumulation(cfg)[1]
-        #: steps between reads of the non-finite flag (None: every step on the CPU, else
-        #: CHECK_EVERY); the first non-finite step and loss, on the device (-1: none yet)
-        self.check_every: int | None = None
-        self._diverged: tuple[torch.Tensor, torch.Tensor] | None = None
         #: the optimizer step's summed loss, correct predictions and scored tokens so far
         self._step_sums: torch.Tensor | None = None
         self._micro = 0  # micro-batches of the current optimizer step seen, modulo accumulate
@@ -201,9 +189,8 @@ class HarnessSystem(L.LightningModule):
             with torch.no_grad():
                 first_pass = self(batch)
             batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
-        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
+        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing, evaluation=False)
         loss = stats["loss"]
-        self._watch(loss)
         self._log_training(stats)
         total = batch.get(BATCH_TOKENS)
         trainer = self._trainer  # None: a step run by hand (tests)
@@ -239,45 +226,34 @@ class HarnessSystem(L.LightningModule):
         trainer = self._trainer  # None: a step run by hand (tests)
         if trainer is not None and trainer.world_size > 1:
             sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        self.train_metrics.add(sums)
-        if self.train_metrics.due(self.global_step, trainer.max_steps if trainer is not None else None):
-            self.flush_training(self.global_step)
+        step, metrics = self.global_step, self.train_metrics
+        metrics.add(step, sums)
+        if metrics.due(step, trainer.max_steps if trainer is not None else None):
+            self.flush_training(step)
+        elif metrics.read_due(step):
+            self.check_finite()
 
     def flush_training(self, step: int) -> None:
         """Log the open window's means at ``step`` (0-based: the last step trained)."""
         values = self.train_metrics.flush()
         trainer = self._trainer
-        if not values or trainer is None:
-            return
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
-        if trainer.logger is not None:
-            trainer.logger.log_metrics(values, step=step)
-
-    def _watch(self, loss: torch.Tensor) -> None:
-        """Note the first non-finite loss on the device; read the note when due (see module)."""
-        value = loss.detach().to(torch.float64)
-        if self._diverged is None:
-            self._diverged = (torch.full((), -1, dtype=torch.long, device=value.device), torch.zeros_like(value))
-        step, first = self._diverged
-        new = (step < 0) & ~torch.isfinite(value)
-        self._diverged = (torch.where(new, self.global_step, step), torch.where(new, value, first))
-        every = self.check_every or (1 if self.device.type == "cpu" else CHECK_EVERY)
-        if (self.global_step + 1) % every == 0:
-            self.check_finite()
+        if values and trainer is not None:
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
+            if trainer.logger is not None:
+                trainer.logger.log_metrics(values, step=step)
+        self.check_finite()
 
     def check_finite(self) -> None:
         """Raise :class:`TrainingDiverged` if a training loss so far was not finite (one read)."""
-        if self._diverged is None:
-            return
-        step, value = (float(v) for v in torch.stack([t.to(torch.float64) for t in self._diverged]).tolist())
-        if step >= 0:
+        self.train_metrics.read()
+        if self.train_metrics.diverged is not None:
+            step, value = self.train_metrics.diverged
             raise TrainingDiverged(
-                f"training loss became {value} at step {int(step)}; lower the learning rate, "
+                f"training loss became {value} at step {step}; lower the learning rate, "
                 f"raise warm-up, or enable gradient clipping."
             )
 
     def on_train_end(self) -> None:
-        self.check_finite()
         self.flush_training(self.global_step - 1)  # a window left open (max_time_s stopped it)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

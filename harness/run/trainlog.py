@@ -26,6 +26,7 @@ checkpoint's write and the step's log.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -33,10 +34,14 @@ import torch
 from harness.keys import Metric
 
 #: Steps between logged training points when ``train.log_every`` is unset (and validation is
-#: rarer than every ``4 N`` steps): a flush reads the device once and writes one MLflow batch,
-#: which at this interval is under 1% of a tiny model's step time
-#: (benchmarks/step_cost_cpu.md).
+#: rarer than every ``4 N`` steps): a flush reads the device once and writes one MLflow batch
+#: (tens of milliseconds on a loaded machine's SQLite store: benchmarks/step_cost.md), which
+#: at this interval is a few percent of a tiny model's step time at most.
 LOG_EVERY = 50
+
+#: Steps between reads of the device when no window closes sooner: how late a non-finite
+#: loss is noticed at most (the step it happened at is still the one named).
+CHECK_EVERY = 50
 
 #: Where a checkpoint keeps the open window (the system's ``on_save_checkpoint``).
 CHECKPOINT_KEY = "harness_train_metrics"
@@ -49,44 +54,60 @@ def log_every(train: Any) -> int:
 
 
 class TrainMetrics:
-    """The open window's per-step ``train/loss`` and ``train/acc`` sums, on the device."""
+    """The open window of per-step ``train/loss`` and ``train/acc``: the steps not read yet
+    on the device, the ones read as host sums (added one value at a time in step order, so
+    where the reads fall never changes a bit of the result)."""
 
-    def __init__(self, every: int) -> None:
-        self.every = every
-        self.sums: torch.Tensor | None = None  # float64 [loss, acc] summed over the window's steps
-        self.steps = 0  # steps in the window
+    def __init__(self, every: int, check_every: int = CHECK_EVERY) -> None:
+        self.every, self.check_every = every, check_every
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (step, [loss, acc]) on the device
+        self.loss = self.acc = 0.0  # the read steps' sums
+        self.steps = 0  # steps in the window (read)
+        self.diverged: tuple[int, float] | None = None  # the first non-finite loss's step and value
         self.last: dict[str, float] = {}  # the values logged last (the progress bar shows them)
 
-    def add(self, step_sums: torch.Tensor) -> None:
-        """One optimizer step: ``step_sums`` = its [summed loss, correct, scored tokens]."""
-        per_step = step_sums[:2] / step_sums[2].clamp(min=1)
-        if self.sums is None:
-            self.sums = per_step
-        else:
-            if self.sums.device != per_step.device:  # restored from a checkpoint, on the CPU
-                self.sums = self.sums.to(per_step.device)
-            self.sums.add_(per_step)
-        self.steps += 1
+    def add(self, step: int, step_sums: torch.Tensor) -> None:
+        """Optimizer step ``step`` (0-based): ``step_sums`` = its [summed loss, correct, scored
+        tokens], on the device (a division queued there, nothing read)."""
+        self.pending.append((step, step_sums[:2] / step_sums[2:].clamp(min=1)))
 
     def due(self, step: int, max_steps: int | None) -> bool:
         """Whether the window closes at (0-based) optimizer step ``step``."""
         return (step + 1) % self.every == 0 or (max_steps is not None and 0 < max_steps <= step + 1)
 
+    def read_due(self, step: int) -> bool:
+        return (step + 1) % self.check_every == 0
+
+    def read(self) -> None:
+        """Read the pending steps (one transfer) into the host sums; note a non-finite loss."""
+        if not self.pending:
+            return
+        values = torch.stack([v for _, v in self.pending]).tolist()
+        for (step, _), (loss, acc) in zip(self.pending, values, strict=True):
+            if self.diverged is None and not math.isfinite(loss):
+                self.diverged = (step, loss)
+            self.loss += loss
+            self.acc += acc
+            self.steps += 1
+        self.pending = []
+
     def flush(self) -> dict[str, float]:
-        """The window's means (one read of the device), and a new window; {} when empty."""
-        if self.sums is None or not self.steps:
+        """The window's means, and a new window; {} when it is empty."""
+        self.read()
+        if not self.steps:
             return {}
-        loss, acc = (self.sums / self.steps).tolist()
-        self.sums, self.steps = None, 0
-        self.last = {Metric.TRAIN_LOSS: loss, Metric.TRAIN_ACC: acc}
+        self.last = {Metric.TRAIN_LOSS: self.loss / self.steps, Metric.TRAIN_ACC: self.acc / self.steps}
+        self.loss = self.acc = 0.0
+        self.steps = 0
         return self.last
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sums": None if self.sums is None else self.sums.detach().cpu().clone(), "steps": self.steps}
+        self.read()
+        return {"loss": self.loss, "acc": self.acc, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """The window a checkpoint holds (none: an empty one; moved to the device by :meth:`add`)."""
+        """The window a checkpoint holds (none: an empty one)."""
         state = state or {}
-        sums = state.get("sums")
-        self.sums = None if sums is None else sums.to(torch.float64)
+        self.pending = []
+        self.loss, self.acc = float(state.get("loss", 0.0)), float(state.get("acc", 0.0))
         self.steps = int(state.get("steps", 0))
