@@ -31,6 +31,7 @@ from harness.nn.checkpointing import checkpoint_blocks
 from harness.run import checkpoint, distributed
 from harness.run.build import Built
 from harness.run.console import StepBar
+from harness.run.grouped import Grouped
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import OncePerStep, Resume
@@ -102,9 +103,10 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
         gradient_clip_val=clip,
         logger=logger,
-        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers, *callbacks,
-                   distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None),
-                   *([StepBar()] if t.progress else [])],
+        # the harness's stateless callbacks as one (harness.run.grouped): fewer calls a step
+        callbacks=[Grouped([Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers,
+                            distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None)]),
+                   *callbacks, *([StepBar()] if t.progress else [])],
         profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,

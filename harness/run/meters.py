@@ -41,6 +41,9 @@ from harness.runtime import devices
 from harness.runtime.memory import TensorMemory, tensors_in
 
 
+_NOTHING = contextlib.nullcontext()
+
+
 class DataWait(Profiler):
     """Times the training loader's ``next`` and the training batch's transfer (see module)."""
 
@@ -51,10 +54,14 @@ class DataWait(Profiler):
         self._training = False
         self._started: dict[str, float] = {}
 
+    def profile(self, action_name: str) -> Any:
+        """Lightning wraps every hook of every step in this: only a loader's ``next`` and a
+        batch's transfer are timed, every other action gets a context that does nothing."""
+        if action_name.endswith("_next") or action_name.endswith(".batch_to_device"):
+            return super().profile(action_name)
+        return _NOTHING
+
     def start(self, action_name: str) -> None:
-        # Lightning calls this around every hook of every step: the cheapest test first
-        if action_name[-1] not in "te":  # neither "..._next" nor "...batch_to_device"
-            return
         if action_name.endswith("_next"):  # which loop fetches: the transfer that follows is its
             self._training = action_name.endswith("train_dataloader_next")
         if self.counting and self._training and (
@@ -62,10 +69,9 @@ class DataWait(Profiler):
             self._started[action_name] = time.perf_counter()
 
     def stop(self, action_name: str) -> None:
-        if self._started:
-            started = self._started.pop(action_name, None)
-            if started is not None:
-                self.seconds += time.perf_counter() - started
+        started = self._started.pop(action_name, None)
+        if started is not None:
+            self.seconds += time.perf_counter() - started
 
     def summary(self) -> str:
         return ""  # nothing to print at the end of fitting

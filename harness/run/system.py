@@ -123,6 +123,10 @@ class HarnessDataModule(L.LightningDataModule):
         ]
 
 
+#: The target id :func:`masked_stats` gives unscored positions (``F.cross_entropy`` skips it).
+IGNORE = -100
+
+
 def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0,
                  token_bytes: torch.Tensor | None = None, *, evaluation: bool = True) -> dict[str, torch.Tensor]:
     """Loss and counts over the scored positions of a batch; with ``token_bytes`` (per id,
@@ -135,14 +139,12 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     indexing, so no host round trip (see the module)."""
     mask = batch["loss_mask"]
     targets = batch["targets"]
-    picked = targets.masked_fill(~mask, 0)  # any valid class where nothing is scored
     wide = logits if logits.dtype == torch.float64 else logits.float()
-    flat_logits, flat_targets = wide.reshape(-1, wide.shape[-1]), picked.reshape(-1)
-    flat_mask = mask.reshape(-1)
-    zero = flat_logits.new_zeros(())
-    nll = torch.where(flat_mask, F.cross_entropy(flat_logits, flat_targets, reduction="none"), zero).sum()
-    loss_sum = nll if not label_smoothing else torch.where(flat_mask, F.cross_entropy(
-        flat_logits, flat_targets, label_smoothing=label_smoothing, reduction="none"), zero).sum()
+    flat_logits = wide.reshape(-1, wide.shape[-1])
+    scored = targets.masked_fill(~mask, IGNORE).reshape(-1)  # the unscored positions add nothing
+    nll = F.cross_entropy(flat_logits, scored, ignore_index=IGNORE, reduction="sum")
+    loss_sum = nll if not label_smoothing else F.cross_entropy(
+        flat_logits, scored, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction="sum")
     tokens = mask.sum()
     correct = (logits.argmax(-1) == targets) & mask
     out = {"loss": loss_sum / tokens.clamp(min=1), "loss_sum": loss_sum, "tokens": tokens, "correct": correct.sum()}
@@ -152,7 +154,7 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
     out.update(nll_sum=nll.detach(), exact=exact, sequences=torch.tensor(mask.shape[0]))
     if token_bytes is not None:
-        out["bytes"] = torch.where(mask, token_bytes[picked], 0).sum()
+        out["bytes"] = torch.where(mask, token_bytes[targets.masked_fill(~mask, 0)], 0).sum()
     return out
 
 
