@@ -230,6 +230,11 @@ class TrainConfig(Strict):
                     "on the CPU, where it costs nothing, off on a GPU, where it slows every step")
     compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
                           "that cannot compile fails the run with a message to turn this off")
+    cuda_graphs: bool = Field(
+        False, exclude_if=lambda v: not v,
+        description="capture the model's forward and backward in CUDA graphs (torch.compile's "
+                    "'reduce-overhead' mode: one replay instead of a kernel launch per operation, "
+                    "for small models on a GPU); a CUDA device and batches of one shape only")
     kernels: Literal["auto", "fla", "reference"] = Field(
         "auto", exclude_if=lambda v: v == "auto",
         description="the mixers' implementation (harness.nn.fast_path): auto, flash-linear-"

@@ -54,8 +54,9 @@ class HarnessDataModule(L.LightningDataModule):
     Loaders pin host memory when the device is a GPU (the copy is then asynchronous)."""
 
     def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int,
-                 micro_batch_size: int | None = None) -> None:
+                 micro_batch_size: int | None = None, one_shape: bool = False) -> None:
         super().__init__()
+        self.one_shape = one_shape  # train.cuda_graphs: batches padded per batch are refused
         self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
         #: rows per forward pass and micro-batches per optimizer step (harness.run.accumulate)
         self.micro, self.accumulate = sizes(batch_size, micro_batch_size)
@@ -89,6 +90,12 @@ class HarnessDataModule(L.LightningDataModule):
             loader: Any = DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
                                         device, rank, world, tensors=tensors)
             self.train_order = loader
+        elif self.one_shape:
+            why = "cannot be collated at once" if tensors is None else "does not fit on the device"
+            raise HarnessError(
+                f"train.cuda_graphs: the training split of {type(self.task).__name__} {why}, so its "
+                f"batches are padded one by one and change shape from step to step (each new shape "
+                f"would be captured again). Set train.cuda_graphs: false, or make the split smaller.")
         else:
             self.train_order = ShuffledOrder(len(data), self.batch_size, self.seed)
             loader = DataLoader(data, batch_size=self.batch_size, sampler=self.train_order,  # type: ignore[arg-type]
