@@ -152,3 +152,29 @@ def test_a_kill_at_a_checkpoint_loses_no_logged_point_and_repeats_none(tmp_path,
     result = train(resume=cut, tracking_uri=uri)
     assert result.status == "FINISHED"
     assert_same_run(uri, full.run_id, cut)  # every step once, every value exactly equal
+
+
+def test_the_step_s_loss_and_counts_match_a_position_by_position_reference():
+    """masked_stats against a loop over the scored positions (label smoothing as its formula:
+    (1 - e) nll + e mean over classes of -log p), on fresh inputs."""
+    from harness.run.system import masked_stats
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 5, 6, dtype=torch.float64, generator=gen)
+    targets = torch.randint(0, 6, (3, 5), generator=gen)
+    mask = torch.rand(3, 5, generator=gen) > 0.3
+    batch = {"targets": targets, "loss_mask": mask}
+    for smoothing in (0.0, 0.2):
+        out = masked_stats(logits, batch, smoothing, evaluation=False)
+        loss = correct = tokens = 0.0
+        for b in range(3):
+            for t in range(5):
+                if mask[b, t]:
+                    logp = torch.log_softmax(logits[b, t], -1)
+                    loss += float(-(1 - smoothing) * logp[targets[b, t]] - smoothing * logp.mean())
+                    correct += float(logits[b, t].argmax() == targets[b, t])
+                    tokens += 1
+        assert float(out["loss_sum"]) == pytest.approx(loss, rel=1e-12)
+        assert float(out["loss"]) == pytest.approx(loss / tokens, rel=1e-12)
+        assert (int(out["correct"]), int(out["tokens"])) == (correct, tokens)
+        assert set(out) == {"loss", "loss_sum", "correct", "tokens"}

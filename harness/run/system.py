@@ -148,12 +148,12 @@ def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: f
     targets = batch["targets"]
     wide = logits if logits.dtype == torch.float64 else logits.float()
     flat_logits = wide.reshape(-1, wide.shape[-1])
-    scored = targets.masked_fill(~mask, IGNORE).reshape(-1)  # the unscored positions add nothing
-    nll = F.cross_entropy(flat_logits, scored, ignore_index=IGNORE, reduction="sum")
+    scored = targets.masked_fill(~mask, IGNORE)  # the unscored positions add nothing, match nothing
+    nll = F.cross_entropy(flat_logits, scored.reshape(-1), ignore_index=IGNORE, reduction="sum")
     loss_sum = nll if not label_smoothing else F.cross_entropy(
-        flat_logits, scored, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction="sum")
+        flat_logits, scored.reshape(-1), ignore_index=IGNORE, label_smoothing=label_smoothing, reduction="sum")
     tokens = mask.sum()
-    correct = (logits.argmax(-1) == targets) & mask
+    correct = logits.argmax(-1) == scored
     out = {"loss": loss_sum / tokens.clamp(min=1), "loss_sum": loss_sum, "tokens": tokens, "correct": correct.sum()}
     if not evaluation:
         return out
@@ -223,20 +223,26 @@ class HarnessSystem(L.LightningModule):
         """``train/loss`` and ``train/acc`` of the optimizer step: the scored tokens' summed loss
         and correct predictions over every micro-batch of the step and every process, over
         their count, so that a logged training metric means the same at any world size and
-        micro-batch size (one reduction of three numbers per step, on the device, with several
-        processes). Added to the open window on the device, logged when the window closes
-        (:mod:`harness.run.trainlog`): before any callback of this step writes a checkpoint."""
-        part = torch.stack([stats["loss_sum"].detach(), stats["correct"], stats["tokens"]]).to(torch.float64)
-        self._step_sums = part if self._step_sums is None else self._step_sums + part
+        micro-batch size. Each micro-batch's three numbers wait on the device, untouched, in the
+        open window (:mod:`harness.run.trainlog`), which sums them when it reads them (with
+        several processes, one reduction of the three per step, on the device, first); a
+        window is logged in the step that closes it, before any callback of this step writes
+        a checkpoint."""
+        parts = (stats["loss_sum"].detach(), stats["correct"], stats["tokens"])
+        trainer = self._trainer  # None: a step run by hand (tests)
+        world = trainer.world_size if trainer is not None else 1
+        step, metrics = self.global_step, self.train_metrics
+        if world == 1:
+            metrics.add(step, parts)
+        else:  # the step's sums over its micro-batches, then over the processes
+            part = torch.stack(parts).to(torch.float64)
+            self._step_sums = part if self._step_sums is None else self._step_sums + part
         self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
         if self._micro:
             return  # not the step's last micro-batch
-        sums, self._step_sums = self._step_sums, None
-        trainer = self._trainer  # None: a step run by hand (tests)
-        if trainer is not None and trainer.world_size > 1:
-            sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        step, metrics = self.global_step, self.train_metrics
-        metrics.add(step, sums)
+        if world > 1:
+            sums, self._step_sums = self._step_sums, None
+            metrics.add(step, trainer.strategy.reduce(sums, reduce_op="sum").unbind())
         if metrics.due(step, trainer.max_steps if trainer is not None else None):
             self.flush_training(step)
         elif metrics.read_due(step):

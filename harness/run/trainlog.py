@@ -54,22 +54,25 @@ def log_every(train: Any) -> int:
 
 
 class TrainMetrics:
-    """The open window of per-step ``train/loss`` and ``train/acc``: the steps not read yet
-    on the device, the ones read as host sums (added one value at a time in step order, so
-    where the reads fall never changes a bit of the result)."""
+    """The open window of per-step ``train/loss`` and ``train/acc``: the micro-batches not read
+    yet, on the device as their training steps left them (no operation a step), and the
+    steps read, as host sums (each step's value added one at a time in step order, in float64,
+    so where the reads fall never changes a bit of the result)."""
 
     def __init__(self, every: int, check_every: int = CHECK_EVERY) -> None:
         self.every, self.check_every = every, check_every
-        self.pending: list[tuple[int, torch.Tensor]] = []  # (step, [loss, acc]) on the device
+        #: each micro-batch not read yet: its step and its summed loss, correct predictions and
+        #: scored tokens (0-d tensors on the device)
+        self.pending: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
         self.loss = self.acc = 0.0  # the read steps' sums
         self.steps = 0  # steps in the window (read)
         self.diverged: tuple[int, float] | None = None  # the first non-finite loss's step and value
         self.last: dict[str, float] = {}  # the values logged last (the progress bar shows them)
 
-    def add(self, step: int, step_sums: torch.Tensor) -> None:
-        """Optimizer step ``step`` (0-based): ``step_sums`` = its [summed loss, correct, scored
-        tokens], on the device (a division queued there, nothing read)."""
-        self.pending.append((step, step_sums[:2] / step_sums[2:].clamp(min=1)))
+    def add(self, step: int, parts: Any) -> None:
+        """A micro-batch of optimizer step ``step`` (0-based), or a whole step: ``parts`` =
+        its summed loss, correct predictions and scored tokens, on the device (kept, not read)."""
+        self.pending.append((step, parts))
 
     def due(self, step: int, max_steps: int | None) -> bool:
         """Whether the window closes at (0-based) optimizer step ``step``."""
@@ -79,17 +82,25 @@ class TrainMetrics:
         return (step + 1) % self.check_every == 0
 
     def read(self) -> None:
-        """Read the pending steps (one transfer) into the host sums; note a non-finite loss."""
+        """Read the pending micro-batches (one transfer) into the host sums, each step's
+        micro-batches summed first; note a non-finite loss."""
         if not self.pending:
             return
-        values = torch.stack([v for _, v in self.pending]).tolist()
-        for (step, _), (loss, acc) in zip(self.pending, values, strict=True):
+        columns = [torch.stack([p[i] for _, p in self.pending]).to(torch.float64) for i in range(3)]
+        loss_sums, corrects, tokens = torch.stack(columns).tolist()
+        step_sums: dict[int, list[float]] = {}  # in step order (dicts keep insertion order)
+        for (step, _), values in zip(self.pending, zip(loss_sums, corrects, tokens, strict=True), strict=True):
+            sums = step_sums.setdefault(step, [0.0, 0.0, 0.0])
+            for i, value in enumerate(values):
+                sums[i] += value
+        self.pending = []
+        for step, (loss_sum, correct, count) in step_sums.items():
+            loss = loss_sum / max(count, 1.0)
             if self.diverged is None and not math.isfinite(loss):
                 self.diverged = (step, loss)
             self.loss += loss
-            self.acc += acc
+            self.acc += correct / max(count, 1.0)
             self.steps += 1
-        self.pending = []
 
     def flush(self) -> dict[str, float]:
         """The window's means, and a new window; {} when it is empty."""
