@@ -206,6 +206,11 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(100, ge=0, le=MAX_STEPS)
     grad_clip: float | None = Field(1.0, gt=0, le=1e6)
     val_every: int = Field(250, ge=1, le=MAX_STEPS, description="validate every N optimizer steps")
+    log_every: int | None = Field(
+        None, ge=1, le=MAX_STEPS, exclude_if=lambda v: v is None,
+        description="log train/loss and train/acc every N optimizer steps, each point the mean of "
+                    "the steps since the previous one (accumulated on the device: harness.run."
+                    "trainlog); unset: val_every / 4, at most 50")
     seed: Seed = Field(0, description="model initialisation and data order")
     data_seed: Seed = Field(0, description="task data generation (same data for every candidate)")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -254,6 +259,11 @@ class TrainConfig(Strict):
                     "on the CPU, where it costs nothing, off on a GPU, where it slows every step")
     compile: bool = Field(False, description="wrap the model in torch.compile (inductor); a model "
                           "that cannot compile fails the run with a message to turn this off")
+    cuda_graphs: bool = Field(
+        False, exclude_if=lambda v: not v,
+        description="capture the model's forward and backward in CUDA graphs (torch.compile's "
+                    "'reduce-overhead' mode: one replay instead of a kernel launch per operation, "
+                    "for small models on a GPU); a CUDA device and batches of one shape only")
     kernels: Literal["auto", "fla", "reference"] = Field(
         "auto", exclude_if=lambda v: v == "auto",
         description="the mixers' implementation (harness.nn.fast_path): auto, flash-linear-"

@@ -1,12 +1,11 @@
 """A training step that never waits for the host: the real system's training step (forward,
-loss, finiteness guard, logging, backward) on the GPU path makes no host round trip, counted
-with the syncing operations and ``torch.cuda`` calls replaced; the meters synchronise once per
-window, not per step; TF32, determinism and fused Adam(W) follow the device; runs record the
-device they trained on.
+loss, finiteness guard, logging, backward) makes no host round trip until its window of
+training metrics closes (:mod:`harness.run.trainlog`), counted with the syncing operations and
+``torch.cuda`` calls replaced; the meters synchronise once per window, not per step; TF32,
+determinism and fused optimisers follow the device; runs record the device they trained on.
 
-Off CUDA the GPU path is taken with a flag (``HarnessSystem.check_every``, a module whose
-``device`` says ``cuda``): what only a GPU can show (the overlap itself, fused kernels) is
-in docs/performance.md's list of what was not measured here."""
+What only a GPU can show (the overlap itself, fused kernels) is in docs/performance.md's list
+of what was not measured here."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from harness.run import meters
 from harness.run.build import build
 from harness.run.optim import make_optimizer, use_fused
 from harness.run.plan import load_registry, plan
-from harness.run.system import CHECK_EVERY, HarnessSystem, TrainingDiverged, masked_stats
+from harness.run.system import HarnessSystem, TrainingDiverged, masked_stats
 from harness.runtime import devices
 
 aten = torch.ops.aten
@@ -99,9 +98,9 @@ def test_the_counter_sees_each_kind_of_host_round_trip(monkeypatch):
 
 
 @pytest.mark.parametrize("micro", [None, 3])
-def test_training_steps_on_the_gpu_path_never_wait_for_the_host(monkeypatch, micro):
+def test_training_steps_never_wait_for_the_host_until_their_window_closes(monkeypatch, micro):
     system, batch = lm_system(batch_size=8, micro_batch_size=micro)
-    system.check_every = CHECK_EVERY  # what a GPU gets
+    assert system.train_metrics.every == system.train_metrics.check_every == 50  # val_every 250
     if micro:
         from harness.run.accumulate import split
 
@@ -109,19 +108,17 @@ def test_training_steps_on_the_gpu_path_never_wait_for_the_host(monkeypatch, mic
     else:
         parts = [batch]
     counter = HostSyncs(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # self.log outside a Trainer
-        with counter:
-            for i in range(3):
-                for part in parts:
-                    system.training_step(part, i).backward()
-    assert counter.calls == []
-    system.check_every = 1  # the CPU's: the flag is read every step
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with counter:
-            system.training_step(parts[0], 0)
-    assert counter.calls  # one read, which the counter sees
+    with counter:
+        for i in range(3):
+            for part in parts:
+                system.training_step(part, i).backward()
+    assert counter.calls == [] and len(system.train_metrics.pending) == 3 * len(parts)  # kept as they were
+    system.train_metrics.every = 1  # the next step closes a window: one read of the steps so far
+    with counter:
+        for part in parts:
+            system.training_step(part, 0)
+    assert counter.calls == ["Tensor.tolist"]
+    assert system.train_metrics.pending == [] and system.train_metrics.last["train/loss"] > 0
 
 
 def test_the_old_loss_would_have_been_counted(monkeypatch):
@@ -139,11 +136,9 @@ def test_the_old_loss_would_have_been_counted(monkeypatch):
 
 def test_a_loss_that_stops_being_finite_is_reported_with_its_step_when_read():
     system, _ = lm_system()
-    system.check_every = CHECK_EVERY
-    system._watch(torch.tensor(2.0))
-    system._watch(torch.tensor(float("nan")))
-    system._watch(torch.tensor(float("inf")))  # later: the first one is kept
-    with pytest.raises(TrainingDiverged, match="became nan at step 0"):
+    for step, loss in enumerate([2.0, float("nan"), float("inf")]):  # later: the first one is kept
+        system.train_metrics.add(step, torch.tensor([3 * loss, 1.0, 3.0], dtype=torch.float64))
+    with pytest.raises(TrainingDiverged, match="became nan at step 1"):
         system.check_finite()
 
 
@@ -186,10 +181,24 @@ def test_tf32_and_determinism_follow_the_device(monkeypatch):
     assert set_to == ["high", "highest"]
 
 
-def test_adam_is_fused_only_where_every_parameter_is_on_a_gpu():
+def test_the_optimiser_is_fused_where_torch_has_the_kernel_and_steps_as_the_loop_does():
+    torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
-    opt, _ = make_optimizer(model, TrainConfig())
-    assert not opt.defaults.get("fused")
+    loop = torch.nn.Linear(4, 4)
+    loop.load_state_dict(model.state_dict())
+    for name in ("adamw", "adam", "sgd"):
+        opt, _ = make_optimizer(model, TrainConfig(optimizer=name))
+        assert opt.defaults.get("fused"), name  # the CPU has the fused kernels
+    opt, _ = make_optimizer(model, TrainConfig(warmup_steps=0))  # the schedule's factor at step 0: 1
+    reference = torch.optim.AdamW([{"params": [loop.weight], "weight_decay": 0.01},
+                                   {"params": [loop.bias], "weight_decay": 0.0}], lr=1e-3, foreach=False)
+    for _ in range(3):
+        x = torch.randn(8, 4)
+        for m, o in ((model, opt), (loop, reference)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    assert torch.equal(model.weight, loop.weight) and torch.equal(model.bias, loop.bias)
     with torch.device("meta"):
         meta = torch.nn.Linear(4, 4)
     assert not use_fused(list(meta.parameters()))

@@ -241,10 +241,11 @@ def throughput(steps: list[tuple[float, float, int]], warmup: int,
 
 
 def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None,
-                 early: dict[str, Any] | None = None) -> dict[str, Any]:
+                 early: dict[str, Any] | None = None, clocks: list[Any] | None = None) -> dict[str, Any]:
     """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
     runs one ``reference`` step after each of its steps; with ``early`` ({"path", "row"}) the
-    first step's row (its seconds: compilation included) is appended to that file at once."""
+    first step's row (its seconds: compilation included) is appended to that file at once (the
+    callback is appended to ``clocks``: its ``steps`` and ``between_steps`` are each step's times)."""
     from harness.run.pipeline import train
     from harness.run.plan import load_registry, plan
 
@@ -252,6 +253,8 @@ def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None,
     cfg.train.max_steps = cfg.train.val_every = steps
     clock = _clock_class()(plan(cfg, load_registry(cfg, None)).fmt, reference, quiet_from=warmup or None,
                            early=early)
+    if clocks is not None:
+        clocks.append(clock)
     graphs_before = _graphs()
     start = time.perf_counter()
     train(cfg, callbacks=[clock])

@@ -11,10 +11,14 @@ first process prints.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+#: Seconds between redraws of the progress bar (and at the last step).
+REFRESH_S = 0.2
 
 
 def banner(run_id: str, checkpoint_every: Any, max_steps: int | None,
@@ -37,6 +41,8 @@ class StepBar(TQDMProgressBar):
     starting at the step a resumed run continues from (tqdm's rate then counts only the
     steps trained here), one bar across epochs."""
 
+    _drawn = 0.0  # when the bar was last redrawn (time.monotonic)
+
     def init_train_tqdm(self) -> Any:
         trainer = self.trainer
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
@@ -51,10 +57,17 @@ class StepBar(TQDMProgressBar):
                            batch_idx: int) -> None:
         n = trainer.global_step
         bar = self.train_progress_bar
-        if bar is not None and self._should_update(n, bar.total or 0) and not bar.disable:
+        now = time.monotonic()  # redrawn at most every REFRESH_S: a tiny model's step is shorter
+        if bar is not None and not bar.disable and (now - self._drawn >= REFRESH_S or n == bar.total):
+            self._drawn = now
             bar.n = n
             bar.refresh()
             bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        """Lightning's, with the training metrics last logged (harness.run.trainlog)."""
+        last = getattr(getattr(pl_module, "train_metrics", None), "last", {})
+        return {**super().get_metrics(trainer, pl_module), **{k: f"{v:.3g}" for k, v in last.items()}}
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if not self.train_progress_bar.disable:

@@ -318,4 +318,6 @@ class ClipShardedGradients(L.Callback):
 
 def shared_run_id(trainer: Any) -> str | None:
     """The run id :class:`ShareRun` received from rank 0 (None without one)."""
-    return next((c.run_id for c in trainer.callbacks if isinstance(c, ShareRun)), None)
+    from harness.run.grouped import members
+
+    return next((c.run_id for c in members(trainer.callbacks) if isinstance(c, ShareRun)), None)

@@ -26,15 +26,18 @@ from typing import Any
 
 import lightning as L
 
+from harness.errors import HarnessError
 from harness.keys import Metric
 from harness.nn.checkpointing import checkpoint_blocks
 from harness.run import checkpoint, distributed
 from harness.run.build import Built
 from harness.run.console import StepBar
+from harness.run.grouped import Grouped
 from harness.run.meters import DataWait, EvalThroughput, StepProbe, Throughput
 from harness.run.plan import Plan
 from harness.run.resume import OncePerStep, Resume
 from harness.run.system import HarnessDataModule, HarnessSystem
+from harness.run.trainlog import log_every
 from harness.runtime import devices
 from harness.store import tracking
 
@@ -68,15 +71,15 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
     distributed run, with no logger (not even an MLflow client: :mod:`harness.run.distributed`)."""
     t = p.config.train
     device = devices.run_device(t.accelerator)
-    dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed, t.micro_batch_size)
+    dm = HarnessDataModule(built.task, p.fmt, t.batch_size, t.seed, t.micro_batch_size, one_shape=t.cuda_graphs)
     if t.activation_checkpointing:
         checkpoint_blocks(built.model)
     devices.matmul_precision(device, t.tf32)
-    if t.compile:
-        built.model.compile(backend=COMPILE_BACKEND)
+    if t.compile or t.cuda_graphs:
+        built.model.compile(backend=COMPILE_BACKEND, **({"mode": "reduce-overhead"} if t.cuda_graphs else {}))
     system = HarnessSystem(built.model, built.task, p.fmt, t)
     wait = DataWait()
-    probe = StepProbe(p.fmt, step=1 if t.max_steps > 1 else 0, compiled=t.compile)
+    probe = StepProbe(p.fmt, step=1 if t.max_steps > 1 else 0, compiled=t.compile or t.cuda_graphs)
     every = checkpoint.schedule(t.checkpoint_every, device.type)
     callbacks = [*callbacks, checkpoint.Checkpointing(  # off: only SIGUSR1 saves
         checkpoint.folder(run_id), every, keep=t.checkpoint_keep, best=t.checkpoint_best,
@@ -101,14 +104,16 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         precision=devices.precision(t.precision, device),  # type: ignore[arg-type]
         gradient_clip_val=clip,
         logger=logger,
-        callbacks=[Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers, *callbacks,
-                   distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None),
-                   *([StepBar()] if t.progress else [])],
+        # the harness's stateless callbacks as one (harness.run.grouped): fewer calls a step
+        callbacks=[Grouped([Throughput(p.fmt, wait), probe, EvalThroughput(p.fmt), *clippers,
+                            distributed.ShareRun(run_id, callbacks[-1], resume.step if resume else None),
+                            *([CaptureCheck()] if t.cuda_graphs else [])]),
+                   *callbacks, *([StepBar()] if t.progress else [])],
         profiler=wait,
         enable_checkpointing=t.checkpoint,
         enable_progress_bar=t.progress,
         enable_model_summary=False,
-        log_every_n_steps=max(1, min(50, t.val_every // 4)),
+        log_every_n_steps=log_every(t),  # the system logs training metrics itself (harness.run.trainlog)
         num_sanity_val_steps=0,
         default_root_dir=tracking.home() / "lightning",
         deterministic=devices.deterministic(device, t.deterministic),
@@ -131,6 +136,48 @@ def fit(p: Plan, built: Built, run_id: str, tracking_uri: str, callbacks: list[A
         costs[Metric.CHECKPOINT_MB] = checkpoint.disk_bytes(saver.root) / 2**20
     return Fitted(trainer, system, dm, int(results.get(Metric.TRAIN_STEPS, trainer.global_step)),
                   rate or None, seconds, device, costs)
+
+
+# -- train.cuda_graphs ------------------------------------------------------------------------
+def capture_problem(train: Any, device_type: str) -> str | None:
+    """Why ``train.cuda_graphs`` cannot capture this run's steps (checked before anything is
+    recorded), or None. Batches of changing shape are refused when the training loader is
+    made (:class:`~harness.run.system.HarnessDataModule`), a step torch could not capture
+    after its first steps (:class:`CaptureCheck`)."""
+    fix = "Set train.cuda_graphs: false"
+    if device_type != "cuda":
+        return (f"train.cuda_graphs: CUDA graphs replay kernels recorded on a CUDA device, and this "
+                f"run trains on the {device_type}. {fix}, or train on a GPU (train.accelerator: gpu).")
+    if train.strategy.startswith("fsdp"):
+        return (f"train.cuda_graphs: FSDP gathers and frees each layer's parameters around every "
+                f"step with collectives a CUDA graph cannot hold. {fix}, or train with strategy ddp.")
+    return None
+
+
+class CaptureFailed(HarnessError):
+    """``train.cuda_graphs``: torch could not capture the model's step in CUDA graphs."""
+
+
+class CaptureCheck(L.Callback):
+    """``train.cuda_graphs``: once the first steps have been recorded (torch records CUDA
+    graphs at a compiled function's second and third calls), refuse a run whose step torch
+    skipped (a host read, a CPU tensor, a mutated input in the model: torch counts each skip
+    and logs why under ``TORCH_LOGS=perf_hints``)."""
+
+    AFTER = 3
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step != self.AFTER:
+            return
+        from torch._dynamo.utils import counters
+
+        skips = int(counters["inductor"].get("cudagraph_skips", 0))
+        if skips:
+            raise CaptureFailed(
+                f"train.cuda_graphs: torch could not capture the training step of model "
+                f"{type(pl_module.model).__name__} in CUDA graphs ({skips} part(s) skipped: a host "
+                f"read such as .item(), a CPU tensor or a mutated input in the model; run with "
+                f"TORCH_LOGS=perf_hints to see which). Set train.cuda_graphs: false.")
 
 
 #: What fitting measures besides throughput (see :mod:`harness.run.meters`).

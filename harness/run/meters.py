@@ -41,6 +41,9 @@ from harness.runtime import devices
 from harness.runtime.memory import TensorMemory, tensors_in
 
 
+_NOTHING = contextlib.nullcontext()
+
+
 class DataWait(Profiler):
     """Times the training loader's ``next`` and the training batch's transfer (see module)."""
 
@@ -50,6 +53,13 @@ class DataWait(Profiler):
         self.counting = False
         self._training = False
         self._started: dict[str, float] = {}
+
+    def profile(self, action_name: str) -> Any:
+        """Lightning wraps every hook of every step in this: only a loader's ``next`` and a
+        batch's transfer are timed, every other action gets a context that does nothing."""
+        if action_name.endswith("_next") or action_name.endswith(".batch_to_device"):
+            return super().profile(action_name)
+        return _NOTHING
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("_next"):  # which loop fetches: the transfer that follows is its

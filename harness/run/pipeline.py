@@ -340,5 +340,10 @@ def check_trainer_settings(cfg: RunConfig) -> int:
     finally:
         logging.disable(before)
     distributed.check_launch(trainer)
+    if t.cuda_graphs:
+        from harness.run.fit import capture_problem
+
+        if problem := capture_problem(t, trainer.strategy.root_device.type):
+            raise ConfigError(problem)
     return distributed.planned_rank(trainer)
 

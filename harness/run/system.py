@@ -9,11 +9,12 @@ by default.
 
 **A training step that never waits for the host.** The loss is computed with masked
 operations over every position (boolean indexing would ask the device how many positions are
-scored), and the finiteness guard keeps a flag on the device: the first step whose loss was
-not finite and its value, read every :data:`CHECK_EVERY` steps on a GPU (every step on the
-CPU, where reading costs nothing), before each validation and when training ends. A run that
-diverges on a GPU therefore stops up to ``CHECK_EVERY`` steps later, naming the step where it
-diverged. ``tests/test_host_sync.py`` counts the host round trips of a few training steps.
+scored); the step's ``train/loss`` and ``train/acc`` stay on the device until a window of
+``train.log_every`` steps closes or :data:`~harness.run.trainlog.CHECK_EVERY` steps passed
+(:mod:`harness.run.trainlog`), when they are read at once: that read is also the finiteness
+guard, so a run whose loss stops being finite stops at the next read (before each
+validation and when training ends too), naming the step where it diverged.
+``tests/test_host_sync.py`` counts the host round trips of a few training steps.
 """
 
 from __future__ import annotations
@@ -36,14 +37,11 @@ from harness.run.accumulate import BATCH_TOKENS, MicroBatches, accumulation, has
 from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
 from harness.run.order import ShuffledOrder
+from harness.run.trainlog import CHECKPOINT_KEY, TrainMetrics, log_every
 
 
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
-
-
-#: How often (optimizer steps) a GPU run reads its on-device non-finite-loss flag.
-CHECK_EVERY = 50
 
 
 class CompileFailed(HarnessError):
@@ -56,8 +54,9 @@ class HarnessDataModule(L.LightningDataModule):
     Loaders pin host memory when the device is a GPU (the copy is then asynchronous)."""
 
     def __init__(self, task: Task, fmt: BatchFormat, batch_size: int, seed: int,
-                 micro_batch_size: int | None = None) -> None:
+                 micro_batch_size: int | None = None, one_shape: bool = False) -> None:
         super().__init__()
+        self.one_shape = one_shape  # train.cuda_graphs: batches padded per batch are refused
         self.task, self.fmt, self.batch_size, self.seed = task, fmt, batch_size, seed
         #: rows per forward pass and micro-batches per optimizer step (harness.run.accumulate)
         self.micro, self.accumulate = sizes(batch_size, micro_batch_size)
@@ -91,6 +90,12 @@ class HarnessDataModule(L.LightningDataModule):
             loader: Any = DeviceBatches(data, self.fmt, self.task.task_kind, self.batch_size, self.seed,
                                         device, rank, world, tensors=tensors)
             self.train_order = loader
+        elif self.one_shape:
+            why = "cannot be collated at once" if tensors is None else "does not fit on the device"
+            raise HarnessError(
+                f"train.cuda_graphs: the training split of {type(self.task).__name__} {why}, so its "
+                f"batches are padded one by one and change shape from step to step (each new shape "
+                f"would be captured again). Set train.cuda_graphs: false, or make the split smaller.")
         else:
             self.train_order = ShuffledOrder(len(data), self.batch_size, self.seed)
             loader = DataLoader(data, batch_size=self.batch_size, sampler=self.train_order,  # type: ignore[arg-type]
@@ -125,41 +130,38 @@ class HarnessDataModule(L.LightningDataModule):
         ]
 
 
+#: The target id :func:`masked_stats` gives unscored positions (``F.cross_entropy`` skips it).
+IGNORE = -100
+
+
 def masked_stats(logits: torch.Tensor, batch: dict[str, Any], label_smoothing: float = 0.0,
-                 token_bytes: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                 token_bytes: torch.Tensor | None = None, *, evaluation: bool = True) -> dict[str, torch.Tensor]:
     """Loss and counts over the scored positions of a batch; with ``token_bytes`` (per id,
     the UTF-8 bytes it stands for) also the bytes of the scored targets' text.
 
     ``loss`` is the mean over the scored positions, ``loss_sum`` its sum (what accumulation
-    normalises by the whole optimizer batch's tokens). Masked operations only: no boolean
+    normalises by the whole optimizer batch's tokens), ``tokens`` and ``correct`` their
+    counts; ``evaluation=False`` (a training step) leaves out what only validation sums
+    (``nll_sum``, ``exact``, ``sequences``, ``bytes``). Masked operations only: no boolean
     indexing, so no host round trip (see the module)."""
     mask = batch["loss_mask"]
     targets = batch["targets"]
-    picked = targets.masked_fill(~mask, 0)  # any valid class where nothing is scored
     wide = logits if logits.dtype == torch.float64 else logits.float()
-    flat_logits, flat_targets = wide.reshape(-1, wide.shape[-1]), picked.reshape(-1)
-    flat_mask = mask.reshape(-1)
-    zero = flat_logits.new_zeros(())
-    nll = torch.where(flat_mask, F.cross_entropy(flat_logits, flat_targets, reduction="none"), zero).sum()
-    loss_sum = nll if not label_smoothing else torch.where(flat_mask, F.cross_entropy(
-        flat_logits, flat_targets, label_smoothing=label_smoothing, reduction="none"), zero).sum()
+    flat_logits = wide.reshape(-1, wide.shape[-1])
+    scored = targets.masked_fill(~mask, IGNORE)  # the unscored positions add nothing, match nothing
+    nll = F.cross_entropy(flat_logits, scored.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    loss_sum = nll if not label_smoothing else F.cross_entropy(
+        flat_logits, scored.reshape(-1), ignore_index=IGNORE, label_smoothing=label_smoothing, reduction="sum")
     tokens = mask.sum()
-    loss = loss_sum / tokens.clamp(min=1)
-    pred = logits.argmax(-1)
-    correct = (pred == targets) & mask
+    correct = logits.argmax(-1) == scored
+    out = {"loss": loss_sum / tokens.clamp(min=1), "loss_sum": loss_sum, "tokens": tokens, "correct": correct.sum()}
+    if not evaluation:
+        return out
     # a sequence is exact when every scored position is right (classification: the label)
     exact = (correct | ~mask).all(dim=-1).float().sum() if mask.dim() > 1 else correct.float().sum()
-    out = {
-        "loss": loss,
-        "loss_sum": loss_sum,
-        "nll_sum": nll.detach(),
-        "tokens": tokens,
-        "correct": correct.sum(),
-        "exact": exact,
-        "sequences": torch.tensor(mask.shape[0]),
-    }
+    out.update(nll_sum=nll.detach(), exact=exact, sequences=torch.tensor(mask.shape[0]))
     if token_bytes is not None:
-        out["bytes"] = torch.where(mask, token_bytes[picked], 0).sum()
+        out["bytes"] = torch.where(mask, token_bytes[targets.masked_fill(~mask, 0)], 0).sum()
     return out
 
 
@@ -171,13 +173,11 @@ class HarnessSystem(L.LightningModule):
         self._sums: dict[int, dict[str, Any]] = {}
         self._token_bytes: torch.Tensor | None = None  # on the device, made at first use
         self.accumulate = accumulation(cfg)[1]
-        #: steps between reads of the non-finite flag (None: every step on the CPU, else
-        #: CHECK_EVERY); the first non-finite step and loss, on the device (-1: none yet)
-        self.check_every: int | None = None
-        self._diverged: tuple[torch.Tensor, torch.Tensor] | None = None
         #: the optimizer step's summed loss, correct predictions and scored tokens so far
         self._step_sums: torch.Tensor | None = None
         self._micro = 0  # micro-batches of the current optimizer step seen, modulo accumulate
+        #: the training metrics' open window, logged every log_every(cfg) steps (harness.run.trainlog)
+        self.train_metrics = TrainMetrics(log_every(cfg))
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
@@ -198,10 +198,9 @@ class HarnessSystem(L.LightningModule):
             with torch.no_grad():
                 first_pass = self(batch)
             batch = scheduled_sampling(batch, first_pass, self.fmt, self.cfg.scheduled_sampling)
-        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing)
+        stats = masked_stats(self(batch), batch, self.cfg.label_smoothing, evaluation=False)
         loss = stats["loss"]
-        self._watch(loss)
-        self._log_training(stats, batch["targets"].shape[0])
+        self._log_training(stats)
         total = batch.get(BATCH_TOKENS)
         trainer = self._trainer  # None: a step run by hand (tests)
         world = trainer.world_size if trainer is not None else 1
@@ -220,52 +219,63 @@ class HarnessSystem(L.LightningModule):
         # training_step returns by the micro-batches per step, which this undoes
         return stats["loss_sum"] / total.clamp(min=1).to(stats["loss_sum"].dtype) * self.accumulate * world
 
-    def _log_training(self, stats: dict[str, torch.Tensor], rows: int) -> None:
+    def _log_training(self, stats: dict[str, torch.Tensor]) -> None:
         """``train/loss`` and ``train/acc`` of the optimizer step: the scored tokens' summed loss
         and correct predictions over every micro-batch of the step and every process, over
         their count, so that a logged training metric means the same at any world size and
-        micro-batch size (one reduction of three numbers per step, on the device)."""
-        part = torch.stack([stats["loss_sum"].detach(), stats["correct"], stats["tokens"]]).to(torch.float64)
-        self._step_sums = part if self._step_sums is None else self._step_sums + part
+        micro-batch size. Each micro-batch's three numbers wait on the device, untouched, in the
+        open window (:mod:`harness.run.trainlog`), which sums them when it reads them (with
+        several processes, one reduction of the three per step, on the device, first); a
+        window is logged in the step that closes it, before any callback of this step writes
+        a checkpoint."""
+        parts = (stats["loss_sum"].detach(), stats["correct"], stats["tokens"])
+        trainer = self._trainer  # None: a step run by hand (tests)
+        world = trainer.world_size if trainer is not None else 1
+        step, metrics = self.global_step, self.train_metrics
+        if world == 1:
+            metrics.add(step, parts)
+        else:  # the step's sums over its micro-batches, then over the processes
+            part = torch.stack(parts).to(torch.float64)
+            self._step_sums = part if self._step_sums is None else self._step_sums + part
         self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
         if self._micro:
             return  # not the step's last micro-batch
-        sums, self._step_sums = self._step_sums, None
-        trainer = self._trainer  # None: a step run by hand (tests)
-        world = trainer.world_size if trainer is not None else 1
-        if trainer is not None and world > 1:
-            sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        tokens = sums[2].clamp(min=1)
-        # the batch size Lightning averages epoch-level values with; every value is logged per step
-        rows *= self.accumulate * world
-        self.log(Metric.TRAIN_LOSS, sums[0] / tokens, on_step=True, prog_bar=True, batch_size=rows)
-        self.log(Metric.TRAIN_ACC, sums[1] / tokens, on_step=True, batch_size=rows)
-
-    def _watch(self, loss: torch.Tensor) -> None:
-        """Note the first non-finite loss on the device; read the note when due (see module)."""
-        value = loss.detach().to(torch.float64)
-        if self._diverged is None:
-            self._diverged = (torch.full((), -1, dtype=torch.long, device=value.device), torch.zeros_like(value))
-        step, first = self._diverged
-        new = (step < 0) & ~torch.isfinite(value)
-        self._diverged = (torch.where(new, self.global_step, step), torch.where(new, value, first))
-        every = self.check_every or (1 if self.device.type == "cpu" else CHECK_EVERY)
-        if (self.global_step + 1) % every == 0:
+        if world > 1:
+            sums, self._step_sums = self._step_sums, None
+            metrics.add(step, trainer.strategy.reduce(sums, reduce_op="sum").unbind())
+        if metrics.due(step, trainer.max_steps if trainer is not None else None):
+            self.flush_training(step)
+        elif metrics.read_due(step):
             self.check_finite()
+
+    def flush_training(self, step: int) -> None:
+        """Log the open window's means at ``step`` (0-based: the last step trained)."""
+        values = self.train_metrics.flush()
+        trainer = self._trainer
+        if values and trainer is not None:
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
+            if trainer.logger is not None:
+                trainer.logger.log_metrics(values, step=step)
+        self.check_finite()
 
     def check_finite(self) -> None:
         """Raise :class:`TrainingDiverged` if a training loss so far was not finite (one read)."""
-        if self._diverged is None:
-            return
-        step, value = (float(v) for v in torch.stack([t.to(torch.float64) for t in self._diverged]).tolist())
-        if step >= 0:
+        self.train_metrics.read()
+        if self.train_metrics.diverged is not None:
+            step, value = self.train_metrics.diverged
             raise TrainingDiverged(
-                f"training loss became {value} at step {int(step)}; lower the learning rate, "
+                f"training loss became {value} at step {step}; lower the learning rate, "
                 f"raise warm-up, or enable gradient clipping."
             )
 
     def on_train_end(self) -> None:
-        self.check_finite()
+        self.flush_training(self.global_step - 1)  # a window left open (max_time_s stopped it)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.train_metrics.state_dict()  # the open window
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.train_metrics.load_state_dict(checkpoint.get(CHECKPOINT_KEY))
 
     def on_validation_start(self) -> None:
         if self.trainer.state.fn == "fit":
