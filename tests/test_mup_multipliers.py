@@ -272,10 +272,10 @@ def test_a_plugin_from_new_plugin_gets_the_multipliers_without_code(tmp_path):
 
 def test_a_scaling_study_under_mup_carries_the_multipliers_to_every_cell(tmp_path):
     import yaml
+    from test_mup_study import SCALING
 
     from harness.study.schema import load_study_config
     from harness.study.space import load_registry, validate
-    from test_mup_study import SCALING
 
     data = copy.deepcopy(SCALING)
     data["candidates"][0]["model"]["mup"] = {"output_mult": 4.0}

@@ -6,8 +6,6 @@ option's refusals where a step cannot be captured."""
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
