@@ -35,13 +35,18 @@ def test_a_train_with_fewer_validation_examples_than_depths_exits_2(tmp_path, ca
     assert code == 2 and "num_val 3 is fewer than the 5 depths" in one_paragraph(capsys.readouterr().err)
 
 
-def test_an_evaluation_length_whose_logits_cannot_fit_is_refused_before_training(tmp_path, capsys):
+def test_an_evaluation_length_whose_logits_cannot_fit_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """A machine of 8 GiB (whatever this one has): the data of 5 examples at 20 million tokens
+    fits (0.8 GB), one evaluation batch's logits (some 30 ids x 4 bytes x 2 a token) do not."""
+    from harness.run import resources
+
+    monkeypatch.setattr(resources, "available_bytes", lambda device: 8 * resources.GiB)
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    code = main([*NEEDLE, "--set", "task.params.num_val=5", "--set", "task.params.eval_lengths=[100000000]",
+    code = main([*NEEDLE, "--set", "task.params.num_val=5", "--set", "task.params.eval_lengths=[20000000]",
                  "--tracking-uri", uri])
     line = one_paragraph(capsys.readouterr().err)
     assert code == 1, line
-    assert "one evaluation batch's logits" in line and "length 1000000" in line
+    assert "one evaluation batch's logits" in line and "5 examples per pass, length 2" in line
     assert "Lower the longest task.params.eval_lengths" in line and "Nothing was trained or recorded" in line
     runs = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
     assert not [r for r in runs if r.info.status != "FAILED" or "train/loss" in r.data.metrics]
