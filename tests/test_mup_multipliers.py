@@ -179,6 +179,20 @@ def study(tmp_path, **change):
     return path
 
 
+def test_a_transfer_study_plans_the_multipliers_at_the_base_and_carries_them_unchanged(tmp_path):
+    from harness.study.schema import load_study_config
+    from harness.study.space import load_registry, validate
+
+    cfg_ = load_study_config(study(tmp_path, search={"lr": [1.0e-2], "mup.output_mult": [8.0, 0.5]}))
+    space = validate(cfg_, load_registry(cfg_))
+    cand = space.candidate("att")
+    tune = space.run_config(cand, None, seed=0)
+    assert tune["model"]["params"]["d_model"] == 16 and tune["model"]["mup"] == {"output_mult": 8.0}
+    full = space.confirm_run_config(tune, seed=1, cand=cand)
+    assert full["model"]["params"]["d_model"] == 32 and full["model"]["mup"] == tune["model"]["mup"]
+
+
+@pytest.mark.slow
 def test_a_transfer_study_tunes_the_multipliers_at_the_base_and_carries_them_unchanged(tmp_path, monkeypatch):
     import optuna
 
@@ -272,10 +286,10 @@ def test_a_plugin_from_new_plugin_gets_the_multipliers_without_code(tmp_path):
 
 def test_a_scaling_study_under_mup_carries_the_multipliers_to_every_cell(tmp_path):
     import yaml
+    from test_mup_study import SCALING
 
     from harness.study.schema import load_study_config
     from harness.study.space import load_registry, validate
-    from test_mup_study import SCALING
 
     data = copy.deepcopy(SCALING)
     data["candidates"][0]["model"]["mup"] = {"output_mult": 4.0}
