@@ -105,7 +105,7 @@ def model_section(rows: list[Row], model: str, plan: dict[str, Any], widths: lis
               f"Tuned at width {base}: lr 2^{tuned}, multipliers {mults or 'none (all 1)'} "
               f"(mean loss there {plan['loss']:.4f}). Under μP wider never worse (mean over seeds): "
               f"**{'yes' if wider else 'no'}** ({', '.join(f'{v:.4f}' for v in mup_means)}); μP's best lr "
-              f"(seed 0, the base's lr ± 1 step) moves at most {max(moves) if moves else '-'} grid step(s) from 2^{tuned}.", ""]
+              f"(seed 0, the base's lr ± 1 step) moves at most {f'{max(moves):g}' if moves else '-'} grid step(s) from 2^{tuned}.", ""]
     lines += grid_tables(rows, model, base)
     for name, table in (("standard parametrization", sp), ("μP (base-tuned multipliers)", mup)):
         lines += lr_table(table, widths, f"{model}, {name}: validation loss (nats/char), mean over the seeds run "
@@ -181,7 +181,7 @@ def figure(model: str, sp: Any, mup: Any, widths: list[int], tuned: int, fig_dir
     path = fig_dir / f"fig1_{model}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path.name if fig_dir.name else str(path)
+    return f"{fig_dir.name}/{path.name}"  # beside the record, which lies in fig_dir's parent
 
 
 def main() -> int:

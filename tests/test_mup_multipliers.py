@@ -179,6 +179,20 @@ def study(tmp_path, **change):
     return path
 
 
+def test_a_transfer_study_plans_the_multipliers_at_the_base_and_carries_them_unchanged(tmp_path):
+    from harness.study.schema import load_study_config
+    from harness.study.space import load_registry, validate
+
+    cfg_ = load_study_config(study(tmp_path, search={"lr": [1.0e-2], "mup.output_mult": [8.0, 0.5]}))
+    space = validate(cfg_, load_registry(cfg_))
+    cand = space.candidate("att")
+    tune = space.run_config(cand, None, seed=0)
+    assert tune["model"]["params"]["d_model"] == 16 and tune["model"]["mup"] == {"output_mult": 8.0}
+    full = space.confirm_run_config(tune, seed=1, cand=cand)
+    assert full["model"]["params"]["d_model"] == 32 and full["model"]["mup"] == tune["model"]["mup"]
+
+
+@pytest.mark.slow
 def test_a_transfer_study_tunes_the_multipliers_at_the_base_and_carries_them_unchanged(tmp_path, monkeypatch):
     import optuna
 
@@ -288,3 +302,19 @@ def test_a_scaling_study_under_mup_carries_the_multipliers_to_every_cell(tmp_pat
     for cand in space.candidates:
         run = space.run_config(cand, None, seed=0)
         assert run["model"]["mup"]["output_mult"] == 4.0 and run["model"]["mup"]["input_mult"] == 0.5
+
+
+def test_growing_by_heads_keeps_the_head_dimension_and_its_standard_scale():
+    """base names the heads: a model four times as wide has four times the heads of the same
+    width, its scores keep 1/sqrt(d_head), and its projections are hidden matrices."""
+    from harness.nn.parametrization import qk_changed, qk_scale
+
+    net, _ = built(cfg("transformer", 128, 32, heads=8, heads_base=2))
+    attn = net.blocks[0].self_attn
+    assert attn.qk_dim == 16 and not qk_changed(attn, 16)
+    assert qk_scale(attn, 16, None) is None  # the kernel's own 1/sqrt(16)
+    roles = net.mup_roles
+    assert roles["blocks.0.self_attn.q_proj.weight"].role == "hidden"
+    assert roles["blocks.0.self_attn.q_proj.weight"].mult == 4.0
+    fixed, _ = built(cfg("transformer", 128, 32, heads=2, heads_base=2))  # heads fixed: 1/d beyond the base
+    assert fixed.blocks[0].self_attn.mup_qk_base == 16 and qk_changed(fixed.blocks[0].self_attn, 64)

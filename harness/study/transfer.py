@@ -8,8 +8,10 @@ hyper-parameters unchanged at the candidate's width (its fixed value, its plugin
 or the width that matches ``budget.params``), in μP with the same base. At the base width μP
 is the standard parametrization, so the trials tune the model a standard study at that width
 would; μP is what lets the values hold at the larger width (Yang et al. 2022; the evidence for
-each model family is ``benchmarks/mup_transfer_cpu.md``, and docs/scaling.md says where it
-does not hold).
+each model family is ``benchmarks/mup_width_cpu.md`` and ``benchmarks/mup_transfer_cpu.md``,
+and docs/scaling.md says where it does not hold). μP's multipliers (``model.mup``, fixed in a
+candidate or searched with ``search: {mup.FIELD: ...}``) are tuned with the rest and carried
+unchanged.
 
 Each trial trains as many steps as the full-width run will: a step or token budget is the same
 at any width; a FLOP budget is turned into the steps it buys at the full width (the trials of a
@@ -149,6 +151,7 @@ def protocol_text(config: Any) -> str:
     return (f"tuned at the base shape ({base}, each candidate's model where it has the param) in μP "
             f"(model.parametrization: mup), then confirmed at each candidate's own width in μP with "
             f"the tuned hyper-parameters unchanged (μP's transfer; the trials trained as many steps "
-            f"as the full-width runs; at CPU sizes μP's lr holds but its loss is 0.02-0.06 nats "
-            f"above the standard parametrization tuned per width, and an LSTM under μP does not "
-            f"improve with width: benchmarks/mup_transfer_cpu.md)")
+            f"as the full-width runs; μP's multipliers, model.mup, are among the hyper-parameters "
+            f"carried; measured at CPU sizes with its output multiplier tuned at the base, μP "
+            f"matched the standard parametrization tuned per width for a Transformer grown by heads "
+            f"and beat it for an LSTM: benchmarks/mup_width_cpu.md)")
