@@ -291,6 +291,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--log-every", type=int, default=None, help="train.log_every (unset: the default)")
     parser.add_argument("--out", default=str(RECORD), help="the record appended to ('-': none)")
+    parser.add_argument("--label", default="", help="a note for the record's title (which code was measured)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -314,8 +315,8 @@ def main() -> None:
     if args.out == "-":
         print("\n".join(body))
     else:
-        common.append_record(args.out, "per-step fixed cost (harness, plain loop, bare Lightning)", command,
-                             load_before, body)
+        title = "per-step fixed cost (harness, plain loop, bare Lightning)" + (f": {args.label}" if args.label else "")
+        common.append_record(args.out, title, command, load_before, body)
 
 
 if __name__ == "__main__":
