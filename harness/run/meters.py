@@ -40,7 +40,6 @@ from harness.keys import Metric
 from harness.runtime import devices
 from harness.runtime.memory import TensorMemory, tensors_in
 
-
 _NOTHING = contextlib.nullcontext()
 
 

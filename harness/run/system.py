@@ -32,7 +32,7 @@ from harness.config import TrainConfig
 from harness.data.formats import BatchFormat
 from harness.data.tasks import Task
 from harness.errors import HarnessError
-from harness.keys import Metric, val_key
+from harness.keys import val_key
 from harness.run.accumulate import BATCH_TOKENS, MicroBatches, accumulation, has_length, sizes
 from harness.run.batches import DeviceBatches, StreamBatches, collate_split, fits_on_device, nbytes
 from harness.run.optim import make_optimizer
@@ -240,7 +240,7 @@ class HarnessSystem(L.LightningModule):
         self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
         if self._micro:
             return  # not the step's last micro-batch
-        if world > 1:
+        if trainer is not None and world > 1:
             sums, self._step_sums = self._step_sums, None
             metrics.add(step, trainer.strategy.reduce(sums, reduce_op="sum").unbind())
         if metrics.due(step, trainer.max_steps if trainer is not None else None):
