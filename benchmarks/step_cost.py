@@ -20,6 +20,8 @@ second by second (the machine is shared):
   bar) fitting a ``LightningModule`` whose ``training_step`` is the plain loop's loss, with
   the same clipping, optimiser and schedule, in a thread that runs one step per turn.
 
+Each of the three runs in a thread of its own (:class:`Worker`: none in the main thread).
+
 Reported: steps per second of each (the steps after ``--warmup``; each system's time from the
 start of its turn to the start of the next system's: data, hooks and logging included) in two
 ways: from the median step time, which a shared machine's preemptions (a few steps made many
@@ -86,6 +88,43 @@ class Turns:
         self.done.acquire()
         if self.error is not None:
             raise RuntimeError("the bare Lightning side failed") from self.error
+
+
+class Worker:
+    """A thread of its own that runs one call at a time for the caller, timed in the thread.
+
+    Each system trains in a thread of its own, none in the main thread: the main thread's
+    memory (glibc's main arena) holds everything the imports and the set-up allocated, and a
+    step's many small allocations are slower there (a plain loop measured 20-40% slower in
+    the main thread than in a thread of its own, interleaved with the same bare Lightning
+    Trainer), which would count against whichever system ran there."""
+
+    def __init__(self) -> None:
+        self.go, self.done = threading.Semaphore(0), threading.Semaphore(0)
+        self.call: Any = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self.go.acquire()
+            start = time.perf_counter()
+            try:
+                self.result = self.call()
+            except BaseException as exc:  # raised again in the caller's thread
+                self.error = exc
+            self.seconds = time.perf_counter() - start
+            self.done.release()
+
+    def run(self, call: Any) -> Any:
+        self.call, self.error = call, None
+        self.go.release()
+        self.done.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 class Batches:
@@ -207,7 +246,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         batch["ignore"] = batch["targets"].masked_fill(~batch["loss_mask"], -100)  # ignored by cross_entropy
         batches.append(batch)
     torch.manual_seed(0)
-    plain = plain_side(build(p).model, p.fmt, cfg.train, batches)
+    plain_model = build(p).model
+    plain_thread = Worker()
+    plain = plain_thread.run(lambda: plain_side(plain_model, p.fmt, cfg.train, batches))
     _harness_run(cfg, 2, 0)  # the process's first-use costs (imports, kernels), untimed
     turns = Turns()
     thread = lightning_side(build(p).model, p.fmt, cfg.train, batches, steps, turns)
@@ -216,14 +257,13 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     def between(i: int) -> None:
         if i % 2:  # the two alternate which one follows the harness's step
             turns.step()
-        start = time.perf_counter()
-        plain(i)
-        plain_times.append(time.perf_counter() - start)
+        plain_thread.run(lambda: plain(i))
+        plain_times.append(plain_thread.seconds)
         if not i % 2:
             turns.step()
 
     clocks: list[Any] = []
-    harness = _harness_run(cfg, steps, warmup, between, clocks)
+    harness = Worker().run(lambda: _harness_run(cfg, steps, warmup, between, clocks))
     thread.join(timeout=60)
     every = log_every(cfg.train)
     # each harness step's time: from its start to the next one's, less the interleaved steps
@@ -291,6 +331,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--log-every", type=int, default=None, help="train.log_every (unset: the default)")
     parser.add_argument("--out", default=str(RECORD), help="the record appended to ('-': none)")
+    parser.add_argument("--label", default="", help="a note for the record's title (which code was measured)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -314,8 +355,8 @@ def main() -> None:
     if args.out == "-":
         print("\n".join(body))
     else:
-        common.append_record(args.out, "per-step fixed cost (harness, plain loop, bare Lightning)", command,
-                             load_before, body)
+        title = "per-step fixed cost (harness, plain loop, bare Lightning)" + (f": {args.label}" if args.label else "")
+        common.append_record(args.out, title, command, load_before, body)
 
 
 if __name__ == "__main__":

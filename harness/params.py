@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import types
 import typing
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -189,8 +190,22 @@ def search_space(config: type) -> dict[str, Range]:
     return {p.name: p.range for p in declared_params(config) if p.range is not None}
 
 
+#: Config classes whose defaults passed :func:`check_defaults` in this process (a class is
+#: not changed once defined; a plugin file edited and loaded again is a new class).
+_CHECKED: weakref.WeakSet[type] = weakref.WeakSet()
+
+
 def check_defaults(config: type, owner: str) -> None:
-    """Raise :class:`PluginError` if a default lies outside its own search range."""
+    """Raise :class:`PluginError` if a default lies outside its own search range (each class
+    checked once a process: the bounds' validators are slow to build, and a study worker
+    loads the registry for every trial)."""
+    if config in _CHECKED:
+        return
+    _check_defaults(config, owner)
+    _CHECKED.add(config)
+
+
+def _check_defaults(config: type, owner: str) -> None:
     for p in declared_params(config):
         if p.range is not None and not p.range.contains(p.default):
             raise PluginError(

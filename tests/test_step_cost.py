@@ -6,6 +6,8 @@ option's refusals where a step cannot be captured."""
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -57,6 +59,25 @@ def test_a_group_calls_each_hook_only_on_the_members_that_implement_it_in_order(
         callbacks = [Recorder("x", calls), Grouped([a, share])]
 
     assert members(Trainer.callbacks)[1:] == [a, share] and shared_run_id(Trainer) == "abc"
+
+
+@pytest.mark.slow
+def test_the_step_cost_benchmark_runs_at_its_smallest_size(tmp_path):
+    """Three systems, their rates and ratios, the flush cost and the fixed cost in the record
+    (nothing about speed is asserted: that is the committed record's business)."""
+    out = tmp_path / "step_cost.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_cost.py"), "--shape", "tiny", "--steps", "8",
+                           "--warmup", "2", "--repeats", "1", "--log-every", "3", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    assert "### tiny:" in text and "Machine:" in text and "python benchmarks/step_cost.py --shape tiny" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    rates = [float(c.split()[0]) for c in cells[1:4]]
+    assert all(r > 0 for r in rates) and cells[6] == "3"  # steps/s of each system; the window asked for
+    assert float(cells[4].split()[0]) == pytest.approx(rates[0] / rates[1], abs=2e-3)
+    assert "harness / lightning =" in text and "harness / plain =" in text
 
 
 def test_cuda_graphs_on_the_cpu_is_refused_naming_the_field_before_anything_is_recorded(tmp_path, monkeypatch,

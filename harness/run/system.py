@@ -240,7 +240,7 @@ class HarnessSystem(L.LightningModule):
         self._micro = (self._micro + 1) % self.accumulate  # checkpoints fall between steps: 0 on resume
         if self._micro:
             return  # not the step's last micro-batch
-        if world > 1:
+        if trainer is not None and world > 1:
             sums, self._step_sums = self._step_sums, None
             assert trainer is not None  # several processes: a Trainer runs them
             metrics.add(step, trainer.strategy.reduce(sums, reduce_op="sum").unbind())
