@@ -129,3 +129,27 @@ def test_a_step_torch_could_not_capture_fails_the_run_after_its_first_steps(monk
         CaptureCheck().on_train_batch_end(Trainer, Module, None, None, 0)
     Trainer.global_step += 1  # checked once
     CaptureCheck().on_train_batch_end(Trainer, Module, None, None, 0)
+
+
+class _First(L.Callback):
+    def on_train_start(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+        pl_module.seen.append("first")
+
+
+class _Second(L.Callback):
+    def on_train_start(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+        pl_module.seen.append("second")
+
+
+def test_a_group_pickles_for_ddp_spawn_and_still_calls_every_member_in_order():
+    """ddp_spawn pickles the callbacks: a group of several members once held a closure that
+    could not be pickled, so every ddp_spawn run failed."""
+    import pickle
+    import types
+
+    from harness.run.grouped import Grouped
+
+    group = pickle.loads(pickle.dumps(Grouped([_First(), _Second()])))
+    module = types.SimpleNamespace(seen=[])
+    group.on_train_start(None, module)
+    assert module.seen == ["first", "second"]

@@ -16,15 +16,17 @@ Torch is imported only inside functions (``harness --help`` stays fast).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -315,3 +317,25 @@ def header(title: str, *, device: str, command: str, started: datetime, seconds:
             f"- Date: {started:%Y-%m-%d %H:%M} UTC; the run took {seconds / 60:.1f} min\n"
             f"- Command: `{command}`\n"
             f"- Machine load: before the run {load_before}; after it {load_after}\n")
+
+
+#: the environment variable naming the process groups to pause while a measurement times the GPU
+#: (the GPU proof's FLA warmers: harness.bench.proof)
+QUIET_ENV = "HARNESS_QUIET_PGIDS"
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Pause the warmers (SIGSTOP to the groups in ``HARNESS_QUIET_PGIDS``) while a measurement
+    times the GPU, so their launches do not share it; SIGCONT after."""
+    groups = [int(g) for g in os.environ.get(QUIET_ENV, "").split(",") if g.strip()]
+    for sig in (signal.SIGSTOP,):
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(g, sig)
+    try:
+        yield
+    finally:
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(g, signal.SIGCONT)

@@ -163,7 +163,6 @@ def time_layer(settings: Settings, run: Callable[[Any], Any], module: Any, lengt
     """tokens/s and peak allocated MB of ``run`` (forward + backward) at ``length``."""
     import torch
 
-    from harness.bench import proof
 
     device = torch.device(settings.device)
     sync = common.synchronizer(device)
@@ -180,7 +179,7 @@ def time_layer(settings: Settings, run: Callable[[Any], Any], module: Any, lengt
     try:
         one_pass()  # compile / autotune / initialise outside the measurement
         sync()
-        with proof.quiet():  # the proof's warmers leave the GPU to the measurement
+        with common.quiet():  # the proof's warmers leave the GPU to the measurement
             _, row.peak_mb = common.peak_mb(one_pass, device)
             sync()
             times = common.timed(one_pass, settings.min_time_s, sync, max_passes=20)
@@ -272,7 +271,6 @@ def ceiling_rows(settings: Settings, progress: Callable[[Row], None]) -> list[Ro
     the best of the timed ones after warm-ups (the ceiling MFU is read against)."""
     import torch
 
-    from harness.bench import proof
 
     n = settings.ceiling_size
     dtype = torch.bfloat16 if settings.cuda else torch.float32
@@ -282,7 +280,7 @@ def ceiling_rows(settings: Settings, progress: Callable[[Row], None]) -> list[Ro
     for _ in range(3):
         a @ b
     sync()
-    with proof.quiet():
+    with common.quiet():
         times = common.timed(lambda: a @ b, max(settings.min_time_s, 0.2), sync, max_passes=50)
     best = min(times)
     row = Row("ceiling", f"matmul {n}^3", f"torch.mm {str(dtype).removeprefix('torch.')}", n, "ok",

@@ -168,9 +168,8 @@ def _clock_class() -> Any:
 
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
             if self.quiet_from is not None and len(self.host) == self.quiet_from and self._quiet is None:
-                from harness.bench import proof
 
-                self._quiet = proof.quiet()
+                self._quiet = common.quiet()
                 self._quiet.__enter__()
             self._t = time.perf_counter()
             self._start = self._mark(module)

@@ -40,11 +40,13 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness.bench import common
 
 #: each section: (cap in seconds, the least time worth starting it with), in the order run;
 #: the caps come from the costs measured for benchmarks/gpu/README.md ("Expected seconds")
@@ -66,7 +68,8 @@ SIGINT_GRACE_S = 10.0
 #: each autotuned configuration timed this long in the measuring processes (harness.bench.autotune)
 AUTOTUNE_REP_MS = 10.0
 #: the environment variable naming the warmers' process groups to pause while a section times
-QUIET_ENV = "HARNESS_QUIET_PGIDS"
+QUIET_ENV = common.QUIET_ENV
+quiet = common.quiet
 
 
 @dataclass
@@ -230,23 +233,6 @@ class Warmers:
             codes.append(p.wait())
         ended = sum(c == 0 for c in codes)
         return f"{ended} of {len(codes)} warmers finished, {time.perf_counter() - self.started:.0f} s after the start"
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Pause the warmers (SIGSTOP to the groups in ``HARNESS_QUIET_PGIDS``) while a measurement
-    times the GPU, so their launches do not share it; SIGCONT after."""
-    groups = [int(g) for g in os.environ.get(QUIET_ENV, "").split(",") if g.strip()]
-    for sig in (signal.SIGSTOP,):
-        for g in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(g, sig)
-    try:
-        yield
-    finally:
-        for g in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(g, signal.SIGCONT)
 
 
 # -- the sections -------------------------------------------------------------------------------

@@ -40,14 +40,19 @@ class Grouped(L.Callback):
 
 
 def _chain(calls: list[Callable[..., Any]]) -> Callable[..., None]:
-    if len(calls) == 1:
-        return calls[0]
+    return calls[0] if len(calls) == 1 else _Chain(calls)
 
-    def call_all(*args: Any, **kwargs: Any) -> None:
-        for call in calls:
+
+class _Chain:
+    """The members' hooks called in turn; a class, not a closure, so that a :class:`Grouped`
+    pickles (``strategy: ddp_spawn`` sends the callbacks to its processes)."""
+
+    def __init__(self, calls: list[Callable[..., Any]]) -> None:
+        self.calls = calls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        for call in self.calls:
             call(*args, **kwargs)
-
-    return call_all
 
 
 def members(callbacks: list[Any]) -> list[Any]:
