@@ -263,7 +263,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             turns.step()
 
     clocks: list[Any] = []
-    harness = Worker().run(lambda: _harness_run(cfg, steps, warmup, between, clocks))
+    harness = Worker().run(lambda: _harness_run(cfg, steps, warmup, between, clocks=clocks))
     thread.join(timeout=60)
     every = log_every(cfg.train)
     # each harness step's time: from its start to the next one's, less the interleaved steps

@@ -84,7 +84,10 @@ def test_the_standard_parametrization_trains_as_before():
     reference, _ = built(64)
     decay = [p for n, p in reference.named_parameters() if p.dim() >= 2 and "embed" not in n and "norm" not in n]
     spare = [p for n, p in reference.named_parameters() if not (p.dim() >= 2 and "embed" not in n and "norm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": spare, "weight_decay": 0.0}], lr=1e-2)
+    from harness.run.optim import use_fused  # fused wherever the harness fuses (the CPU too)
+
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": spare, "weight_decay": 0.0}], lr=1e-2,
+                            **({"fused": True} if use_fused(decay + spare) else {}))
     for a, b in zip(train_steps(model), train_steps(reference, opt=opt), strict=True):
         assert torch.equal(a, b)
     assert not any(hasattr(p, "infshape") for p in model.parameters())

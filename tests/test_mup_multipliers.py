@@ -171,7 +171,8 @@ def study(tmp_path, **change):
     from test_mup_study import STUDY
 
     data = copy.deepcopy(STUDY)
-    data["candidates"] = [data["candidates"][0]]
+    data["candidates"] = [data["candidates"][0]]  # the Transformer: the LSTM's base width goes with it
+    data["transfer"] = {**data["transfer"], "base": {"d_model": data["transfer"]["base"]["d_model"]}}
     data["confirm"] = {"seeds": 1, "test": "t"}
     data.update(change)
     path = tmp_path / f"{data['name']}.yaml"

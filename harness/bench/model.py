@@ -239,7 +239,7 @@ def throughput(steps: list[tuple[float, float, int]], warmup: int,
     return sum(t for _, _, t in timed) / seconds, 1000 * common.median([b - a for a, b, _ in timed])
 
 
-def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None,
+def _harness_run(cfg: Any, steps: int, warmup: int, reference: Any = None, *,
                  early: dict[str, Any] | None = None, clocks: list[Any] | None = None) -> dict[str, Any]:
     """One ``harness.train`` call (as ``harness train`` makes it), timed by a callback that
     runs one ``reference`` step after each of its steps; with ``early`` ({"path", "row"}) the
