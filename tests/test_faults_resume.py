@@ -179,7 +179,11 @@ def test_sigusr1_s_message_names_the_run(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_train", preempted)
     assert main(["train", "--task", "copy", "--model", "transformer"]) == checkpoint.PREEMPTED_EXIT
     err = flat(capsys.readouterr().err)
-    assert "harness train --resume 0123abcd" in err and "RUN_ID" not in err
+    assert "harness train --resume 0123abcd" in err and "at step 6" in err
+    monkeypatch.setattr(cli, "_train", lambda _args: (_ for _ in ()).throw(checkpoint.Preempted()))
+    assert main(["train", "--task", "copy", "--model", "transformer"]) == checkpoint.PREEMPTED_EXIT
+    err = flat(capsys.readouterr().err)  # a study worker signalled between trials: no run to name
+    assert "nothing was checkpointed" in err and "--resume" not in err and "step" not in err
     stopper = checkpoint.Checkpointing(checkpoint.folder("r1"), checkpoint.Schedule(), keep=1, best=False,
                                        metric="val/loss", mode="min", meta={"run_id": "r1"}, datamodule=None)
     stopper.stop_at = 3

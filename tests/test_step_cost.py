@@ -6,6 +6,7 @@ option's refusals where a step cannot be captured."""
 from __future__ import annotations
 
 import collections
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,12 @@ def test_a_group_calls_each_hook_only_on_the_members_that_implement_it_in_order(
     group.on_train_batch_end(None, None, None, None, 0)
     group.on_after_backward(None, None)  # no member implements it: the base no-op
     assert calls == ["a.start", "c.start", "a.end", "b.end", "c.end"]
-    assert group.on_train_batch_start.__name__ == "call_all" and group.on_before_zero_grad.__self__ is group
+    assert group.on_before_zero_grad.__self__ is group  # not implemented by any member: Lightning's own
+    again = pickle.loads(pickle.dumps(group))  # ddp_spawn sends the callbacks to its processes
+    again.on_train_batch_start(None, None, None, 0)
+    again.on_train_batch_end(None, None, None, None, 0)
+    assert [m.name for m in again.members] == ["a", "b", "c"]
+    assert again.members[0].calls[5:] == ["a.start", "c.start", "a.end", "b.end", "c.end"]
     share = ShareRun("abc", None, None)
 
     class Trainer:

@@ -82,6 +82,18 @@ def report_interrupt(exc: Interrupted) -> int:
     return 130
 
 
+def _preempted(exc: BaseException) -> str:
+    """What SIGUSR1 did: the run checkpointed and how to continue it, or, for a study worker
+    signalled between trials, that nothing was training."""
+    run_id, step = getattr(exc, "run_id", ""), getattr(exc, "step", None)
+    code = getattr(exc, "code", 75)
+    if not run_id or step is None:
+        return (f"harness: SIGUSR1: stopped between runs; nothing was training, so nothing was "
+                f"checkpointed (exit {code}). The same `harness study run` command continues the study.")
+    return (f"harness: SIGUSR1: checkpointed run {run_id} at step {step} and stopped (exit {code}); "
+            f"`harness train --resume {run_id}` or the same `harness study run` command continues it.")
+
+
 def _tracking_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the "
@@ -345,10 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except SystemExit as exc:
         if type(exc).__name__ == "Preempted":  # SIGUSR1: checkpointed (harness.run.checkpoint)
-            run_id = getattr(exc, "run_id", "") or "RUN_ID"
-            print(f"harness: SIGUSR1: checkpointed run {run_id} at step {getattr(exc, 'step', '?')} "
-                  f"and stopped (exit {exc.code}); `harness train --resume {run_id}` or the same "
-                  f"`harness study run` command continues it.", file=sys.stderr)
+            print(_preempted(exc), file=sys.stderr)
             return int(exc.code or 75)
         # Lightning turns SIGTERM into SIGTERMException, a SystemExit without a code, which
         # would exit 0: report the termination the way a shell and a scheduler expect.

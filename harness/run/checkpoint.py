@@ -70,11 +70,12 @@ PREEMPTED_EXIT = 75
 class Preempted(SystemExit):
     """The run checkpointed at ``step`` and stopped because SIGUSR1 asked it to (a scheduler's
     warning before a time limit or a preemption). A ``SystemExit`` so that Lightning tears
-    down and re-raises it as it is; the run ends KILLED, tagged ``harness.preempted``."""
+    down and re-raises it as it is; the run ends KILLED, tagged ``harness.preempted``. A study
+    worker signalled between trials raises it with no step and no run: nothing was training."""
 
-    def __init__(self, step: int = 0, run_id: str = "") -> None:
+    def __init__(self, step: int | None = None, run_id: str = "") -> None:
         super().__init__(PREEMPTED_EXIT)
-        self.step, self.run_id = step, run_id
+        self.step, self.run_id = step, run_id  # none: between runs (a study worker), nothing to save
 
 
 # -- where ------------------------------------------------------------------------------

@@ -413,7 +413,7 @@ def run_worker(handle: StudyHandle, space: StudySpace, display: StudyDisplay | N
             from harness.run.checkpoint import Preempted, stop_requested
 
             if stop_requested():  # SIGUSR1 between trials: claim nothing more
-                raise Preempted(0)
+                raise Preempted()
             job = claim_next(handle, space, prog)
             if job is None:
                 time.sleep(cfg.resume.poll_s)  # other workers hold the remaining slots
