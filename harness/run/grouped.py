@@ -28,6 +28,9 @@ class Grouped(L.Callback):
 
     def __init__(self, members: list[Any]) -> None:
         self.members = members
+        # Lightning formats a callback's state_key into a profiler action name for every hook
+        # of every step: computed once (the members never change)
+        self._state_key = "Grouped[" + ",".join(m.state_key for m in members) + "]"
         for name in _hooks():
             calls = [getattr(m, name) for m in members
                      if getattr(type(m), name, None) is not getattr(L.Callback, name)]
@@ -36,7 +39,7 @@ class Grouped(L.Callback):
 
     @property
     def state_key(self) -> str:
-        return "Grouped[" + ",".join(m.state_key for m in self.members) + "]"
+        return self._state_key
 
 
 def _chain(calls: list[Callable[..., Any]]) -> Callable[..., None]:

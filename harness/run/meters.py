@@ -52,13 +52,15 @@ class DataWait(Profiler):
         self.counting = False
         self._training = False
         self._started: dict[str, float] = {}
+        self._timed: dict[str, bool] = {}  # action name: timed (see profile)
 
     def profile(self, action_name: str) -> Any:
         """Lightning wraps every hook of every step in this: only a loader's ``next`` and a
         batch's transfer are timed, every other action gets a context that does nothing."""
-        if action_name.endswith("_next") or action_name.endswith(".batch_to_device"):
-            return super().profile(action_name)
-        return _NOTHING
+        timed = self._timed.get(action_name)
+        if timed is None:  # a few dozen distinct names, each met every step
+            timed = self._timed[action_name] = action_name.endswith(("_next", ".batch_to_device"))
+        return super().profile(action_name) if timed else _NOTHING
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("_next"):  # which loop fetches: the transfer that follows is its

@@ -179,6 +179,16 @@ class HarnessSystem(L.LightningModule):
         #: the training metrics' open window, logged every log_every(cfg) steps (harness.run.trainlog)
         self.train_metrics = TrainMetrics(log_every(cfg))
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning sets ``_current_fx_name`` twice around every hook of every step (about 50
+        # times a step); ``nn.Module.__setattr__`` checks parameters, modules and buffers each
+        # time (about 5% of a tiny model's step: benchmarks/step_cost.md). The name is never
+        # one of those, so the plain attribute store is the same result.
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         try:
             return self.fmt.call(self.model, batch)  # type: ignore[no-any-return]
