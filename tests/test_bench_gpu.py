@@ -53,6 +53,10 @@ def test_the_dry_run_command_writes_a_record_with_every_section(tmp_path, harnes
     for section in gpu.SECTIONS:
         assert f"| {section} |" in text
     assert "| transformer | transformer (tiny) | plain PyTorch |" in text
+    # issue 51's tiny shape eager beside the plain loop, and the CUDA-graph row, which needs CUDA
+    small = {(r["implementation"], r["status"]) for r in json.loads(out.with_suffix(".json").read_text())
+             if r["name"].startswith("transformer d32 x 2")}
+    assert small == {("harness", "ok"), ("plain PyTorch", "ok"), ("harness, train.cuda_graphs", gpu.NO_CUDA)}
     records = json.loads(out.with_suffix(".json").read_text())
     assert {r["section"] for r in records} == set(gpu.SECTIONS)
     assert all(r["gpu"] == "none (CPU dry run)" for r in records)
@@ -68,18 +72,19 @@ def test_the_time_boxed_proof_writes_each_section_as_it_ends_and_names_what_it_s
         tmp_path, harness_home, monkeypatch):
     """The dry run of `harness bench gpu --deadline`: the environment and the node's package
     list first, the ceiling, the mixers in a process of their own, the tests section (a planted
-    failure recorded, not fatal); the transformer, attention and decode sections here made to
+    failure recorded, not fatal); the transformer, attention, decode and small sections here made to
     need more time than is left, so each is skipped and named (their dry run: the slow test)."""
     from harness.bench import proof
 
     monkeypatch.setattr(proof, "BUDGET", {**proof.BUDGET, "attention": (50.0, 10_000.0),
-                                          "transformer": (110.0, 10_000.0), "decode": (45.0, 10_000.0)})
+                                          "transformer": (110.0, 10_000.0), "decode": (45.0, 10_000.0),
+                                          "small": (60.0, 10_000.0)})
     records = tmp_path / "out" / "proof"
     outcomes = proof.run(records, 600.0, [tiny_tests(tmp_path)], 60.0, dry_run=True, say=lambda _line: None,
                          commit="0123abc")
     assert [(o.section, o.status.split(":")[0]) for o in outcomes] == [
         ("ceiling", "done"), ("transformer", "skipped"), ("attention", "skipped"), ("mixers", "done"),
-        ("tests", "done"), ("decode", "skipped")]
+        ("tests", "done"), ("decode", "skipped"), ("small", "skipped")]
     assert sorted(p.name for p in records.iterdir()) == ["freeze.txt", "proof.jsonl", "proof.md", "tests.xml"]
     freeze = records.joinpath("freeze.txt").read_text()
     assert f"torch=={torch.__version__.split('+')[0]}" in freeze.replace("+cpu", "")
@@ -93,7 +98,7 @@ def test_the_time_boxed_proof_writes_each_section_as_it_ends_and_names_what_it_s
     assert "Skipped: transformer (" in " ".join(text.split()) and "it needs at least 10000 s" in text
     lines = [json.loads(line) for line in records.joinpath("proof.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "environment" and lines[-1] == {
-        "event": "end", "seconds": lines[-1]["seconds"], "skipped": ["transformer", "attention", "decode"]}
+        "event": "end", "seconds": lines[-1]["seconds"], "skipped": ["transformer", "attention", "decode", "small"]}
     ceiling = [r for r in lines if r.get("section") == "ceiling" and "event" not in r]
     assert len(ceiling) == 1 and ceiling[0]["extra"]["flops_per_s"] > 0
     rows = [r for r in lines if r.get("section") == "mixers" and "event" not in r]

@@ -324,7 +324,7 @@ def add_parsers(subparsers: Any) -> None:
                     "--dry-run runs every code path at tiny shapes on the CPU.",
     )
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (code paths only)")
-    p.add_argument("--only", nargs="+", choices=["ceiling", "transformer", "mixers", "attention", "decode"],
+    p.add_argument("--only", nargs="+", choices=["ceiling", "transformer", "mixers", "attention", "decode", "small"],
                    help="only these sections (default: all)")
     p.add_argument("--mixers", nargs="+", metavar="NAME", help="only these mixers (default: every one)")
     p.add_argument("--steps", type=int, default=30, help="training steps of the transformer runs")

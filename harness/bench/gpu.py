@@ -16,6 +16,9 @@
    (flash on a GPU that has it), causal, bf16, L 1024 to 32768.
 4. **decode**: time per generated token after a prompt (:mod:`harness.bench.decode`), each
    in a fresh process, for attention and the mixers with a fast path.
+5. **small**: a tiny Transformer (:data:`SMALL`), whose step is launches and host code,
+   trained by the harness eager and with ``train.cuda_graphs`` (the step captured), beside
+   the plain-PyTorch reference.
 
 Every row of the JSON record beside the Markdown one carries the GPU's name, CUDA and
 driver versions. Without CUDA the command refuses (exit 2) unless ``--dry-run``, which runs
@@ -47,6 +50,18 @@ GPT2_SMALL: dict[str, Any] = {
     "train": {"batch_size": 16, "lr": 6e-4, "warmup_steps": 10, "precision": "bf16-mixed",
               "compile": True, "log_attention": False, "save_model": False},
 }
+
+#: issue 51's tiny shape (width 32, 2 layers, 2 heads, length 32, batch 8): a step of launches
+#: and host code, which ``train.cuda_graphs`` is for; the ``small`` section trains it eager and
+#: captured (on CUDA)
+SMALL: dict[str, Any] = {
+    "task": {"name": "char_lm", "params": {"length": 32, "num_train": 2000, "num_val": 2}},
+    "model": {"name": "transformer", "params": {"d_model": 32, "layers": 2, "heads": 2},
+              "attention": {"name": "multi_head"}, "position": {"name": "sinusoidal"}},
+    "train": {"batch_size": 8, "lr": 1e-3, "warmup_steps": 10, "precision": "bf16-mixed",
+              "log_attention": False, "save_model": False},
+}
+SMALL_STEPS, SMALL_WARMUP = 300, 50
 
 #: FLA's own layer for a mixer, built with the shapes of the harness's defaults at (d, h):
 #: (class in fla.layers, keyword arguments)
@@ -82,7 +97,7 @@ class Settings:
     steps: int = 30
     warmup: int = 10
     repeats: int = 1
-    sections: tuple[str, ...] = ("ceiling", "transformer", "mixers", "attention", "decode")
+    sections: tuple[str, ...] = ("ceiling", "transformer", "mixers", "attention", "decode", "small")
     ceiling_size: int = 8192
     mixers: tuple[str, ...] = ()  # empty: every registered mixer
     timeout_s: float = 1800.0
@@ -93,7 +108,7 @@ class Settings:
         return self.device == "cuda"
 
 
-SECTIONS = ("ceiling", "transformer", "mixers", "attention", "decode")
+SECTIONS = ("ceiling", "transformer", "mixers", "attention", "decode", "small")
 
 
 def dry_run_settings(sections: tuple[str, ...] = SECTIONS, mixers: tuple[str, ...] = ()) -> Settings:
@@ -352,6 +367,41 @@ def transformer_rows(settings: Settings, home: str, progress: Callable[[Row], No
     return rows
 
 
+def small_rows(settings: Settings, home: str, progress: Callable[[Row], None]) -> list[Row]:
+    """:data:`SMALL` trained by the harness eager and with ``train.cuda_graphs`` (the step
+    captured: CUDA only, else the row says so), each beside the plain-PyTorch reference."""
+    from harness.bench import model
+
+    small = copy.deepcopy(SMALL)
+    if not settings.cuda:
+        small["train"].update(precision="32-true")
+    length = small["task"]["params"]["length"]
+    name = "transformer d32 x 2 (tiny: launches and host code)"
+    rows = []
+    for graphs in (False, True):
+        label = "harness, train.cuda_graphs" if graphs else "harness"
+        if graphs and not settings.cuda:
+            rows.append(Row("small", name, label, length, NO_CUDA))
+            progress(rows[-1])
+            continue
+        small["train"]["cuda_graphs"] = graphs
+        ms = model.Settings(config=copy.deepcopy(small), steps=min(settings.steps * 10, SMALL_STEPS),
+                            warmup=min(settings.warmup * 5, SMALL_WARMUP), repeats=1, device=settings.device,
+                            timeout_s=settings.timeout_s)
+        harness_runs, reference_runs, _ = model.benchmark(ms, home, progress=lambda _line: None)
+        pairs = [(label, harness_runs)] + ([] if graphs else [("plain PyTorch", reference_runs)])
+        for system, runs in pairs:
+            side = runs[0] if runs else model.Side(status="not run")
+            extra: dict[str, Any] = {k: side.extra[k] for k in ("graphs_after_first_step", "fixed_s")
+                                     if k in side.extra}
+            if runs and reference_runs and system != "plain PyTorch":  # against its own run's reference
+                extra["of the reference"] = model.ratio_of(runs[0], reference_runs[0])
+            rows.append(Row("small", name, system, length, side.status, side.tokens_per_s, side.step_ms,
+                             None, extra))
+            progress(rows[-1])
+    return rows
+
+
 def benchmark(settings: Settings, home: str, progress: Callable[[Row], None]) -> list[Row]:
     from harness.registry.loader import load
 
@@ -367,6 +417,8 @@ def benchmark(settings: Settings, home: str, progress: Callable[[Row], None]) ->
         rows += attention_rows(settings, progress)
     if "decode" in settings.sections:
         rows += decode_rows(settings, registry, progress)
+    if "small" in settings.sections:
+        rows += small_rows(settings, home, progress)
     return rows
 
 

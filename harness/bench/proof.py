@@ -15,7 +15,8 @@ the procedure and the measured costs behind each cap: benchmarks/gpu/README.md):
    the spec and the ceiling, compilations after the first step), ``attention``, ``mixers``
    (each fast path against its reference and FLA's own layer, one length for every mixer
    before the next length), ``tests`` (pytest verbose; at its cap SIGINT, so the JUnit file
-   is written, then SIGKILL) and ``decode``.
+   is written, then SIGKILL), ``decode`` and ``small`` (issue 51's tiny Transformer eager and
+   with ``train.cuda_graphs``).
 
 Every row is appended to ``DIR/proof.jsonl`` the moment it is measured (each of a mixer's
 three measurements, the Transformer's warm-up run before its measured runs), and each
@@ -51,7 +52,7 @@ from harness.bench import common
 #: each section: (cap in seconds, the least time worth starting it with), in the order run;
 #: the caps come from the costs measured for benchmarks/gpu/README.md ("Expected seconds")
 BUDGET = {"ceiling": (30.0, 10.0), "transformer": (170.0, 60.0), "attention": (40.0, 15.0),
-          "mixers": (110.0, 30.0), "tests": (90.0, 20.0), "decode": (30.0, 15.0)}
+          "mixers": (110.0, 30.0), "tests": (90.0, 20.0), "decode": (30.0, 15.0), "small": (60.0, 30.0)}
 ORDER = tuple(BUDGET)
 #: the mixers with a fast path: the proof measures these (their reference, the kernels, FLA's layers)
 FAST_MIXERS = ("gla", "retnet", "deltanet", "gated_deltanet", "rwkv6", "mamba2")
