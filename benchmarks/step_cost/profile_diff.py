@@ -1,0 +1,103 @@
+"""Where the harness's tiny step differs from a bare Lightning Trainer's, function by function.
+
+    python benchmarks/step_cost/profile_diff.py [--steps 1000] [--top 45]
+
+cProfile over the same number of steps of each (the harness's ``train`` and a bare
+``L.Trainer`` on the same model, optimiser and clipping, 16 batches collated once), in one
+process, one torch thread; prints the functions whose own time grew most in the harness. A
+profiler inflates Python-heavy code: read the ranking, not the milliseconds
+(benchmarks/step_cost.md, "Where the tiny shape's remaining gap goes"). The harness's
+figures include its per-run setup (registry, MLflow store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import os
+import pstats
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--top", type=int, default=45)
+    args = parser.parse_args()
+    os.environ.setdefault("HARNESS_HOME", tempfile.mkdtemp())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from step_cost import Batches, config
+
+    from harness.config import parse_run_config
+    from harness.run.build import build
+    from harness.run.optim import make_optimizer
+    from harness.run.pipeline import train
+    from harness.run.plan import load_registry, plan
+
+    torch.set_num_threads(1)
+    logging.disable(logging.WARNING)
+    n = args.steps
+    cfg = parse_run_config(config("tiny", n, None))
+    p = plan(cfg, load_registry(cfg, None))
+    built = build(p)
+    examples = built.task.examples("train", built.task.train_length)
+    batches = []
+    for i in range(0, 16 * cfg.train.batch_size, cfg.train.batch_size):
+        b = p.fmt.collate(examples[i:i + cfg.train.batch_size], built.task.task_kind)
+        b.pop("examples", None)
+        b["ignore"] = b["targets"].masked_fill(~b["loss_mask"], -100)
+        batches.append(b)
+    model, fmt, t = built.model, p.fmt, cfg.train
+
+    class Bare(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: Any, idx: int) -> Any:
+            logits = fmt.call(self.model, batch)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["ignore"].reshape(-1))
+
+        def configure_optimizers(self) -> Any:
+            opt, sched = make_optimizer(self.model, t)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def bare() -> None:
+        trainer = L.Trainer(max_steps=n, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=t.grad_clip,
+                            num_sanity_val_steps=0, limit_val_batches=0)
+        trainer.fit(Bare(), train_dataloaders=Batches([batches[i % 16] for i in range(n)]))
+
+    def harness() -> None:
+        train(config("tiny", n, None))
+
+    train(config("tiny", 5, None))  # first-use costs out of the profile
+    stats = {}
+    for name, run in (("bare", bare), ("harness", harness)):
+        profile = cProfile.Profile()
+        profile.enable()
+        run()
+        profile.disable()
+        stats[name] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = {k: sum(v[2] for v in s.values()) for k, s in stats.items()}
+    print(f"own time in all functions: bare Lightning {total['bare']:.3f} s, harness {total['harness']:.3f} s "
+          f"({n} steps each, profiled)")
+    rows = []
+    for key in set(stats["bare"]) | set(stats["harness"]):
+        b, h = stats["bare"].get(key, (0, 0, 0.0)), stats["harness"].get(key, (0, 0, 0.0))
+        rows.append((h[2] - b[2], h[1], b[1], key))
+    site = str(Path(L.__file__).resolve().parents[1]) + "/"
+    print("| own time harness - bare, s | calls harness | calls bare | function |\n|---|---|---|---|")
+    for diff, hn, bn, (path, line, func) in sorted(rows, reverse=True)[: args.top]:
+        print(f"| {diff:+.3f} | {hn} | {bn} | {path.replace(site, '')}:{line} ({func}) |")
+
+
+if __name__ == "__main__":
+    main()
