@@ -140,8 +140,8 @@ class Batches:
         return len(self.batches)
 
 
-def lightning_side(model: Any, fmt: Any, train: Any, batches: list[Any], steps: int, turns: Turns) -> threading.Thread:
-    """A bare Lightning Trainer in a thread, one step per turn (see the module)."""
+def bare_module(model: Any, fmt: Any, train: Any) -> Any:
+    """The bare Trainer's LightningModule: the plain loop's loss, optimiser and schedule."""
     import lightning as L
     import torch.nn.functional as F
 
@@ -159,6 +159,26 @@ def lightning_side(model: Any, fmt: Any, train: Any, batches: list[Any], steps: 
         def configure_optimizers(self) -> Any:
             opt, sched = make_optimizer(self.model, train)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    return Bare()
+
+
+def collated(p: Any, built: Any, batch_size: int, count: int = 16) -> list[dict[str, Any]]:
+    """``count`` training batches collated once (the plain loop's and the bare Trainer's), each
+    with ``ignore``: the targets with unscored positions at -100, which cross_entropy skips."""
+    examples = built.task.examples("train", built.task.train_length)
+    batches = []
+    for i in range(0, count * batch_size, batch_size):
+        batch = p.fmt.collate(examples[i:i + batch_size], built.task.task_kind)
+        batch.pop("examples", None)
+        batch["ignore"] = batch["targets"].masked_fill(~batch["loss_mask"], -100)
+        batches.append(batch)
+    return batches
+
+
+def lightning_side(model: Any, fmt: Any, train: Any, batches: list[Any], steps: int, turns: Turns) -> threading.Thread:
+    """A bare Lightning Trainer in a thread, one step per turn (see the module)."""
+    import lightning as L
 
     class Turn(L.Callback):  # type: ignore[misc]
         def on_train_start(self, trainer: Any, module: Any) -> None:
@@ -179,7 +199,7 @@ def lightning_side(model: Any, fmt: Any, train: Any, batches: list[Any], steps: 
             trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[Turn()],
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                                 gradient_clip_val=train.grad_clip, num_sanity_val_steps=0, limit_val_batches=0)
-            trainer.fit(Bare(), train_dataloaders=Batches([batches[i % len(batches)] for i in range(steps)]))
+            trainer.fit(bare_module(model, fmt, train), train_dataloaders=Batches([batches[i % len(batches)] for i in range(steps)]))
         except BaseException as exc:  # handed to the main thread
             import traceback
 
@@ -237,14 +257,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     cfg = parse_run_config(job["config"])
     p = plan(cfg, load_registry(cfg, None))
     steps, warmup = job["steps"], job["warmup"]
-    built = build(p)
-    examples = built.task.examples("train", built.task.train_length)
-    batches = []
-    for i in range(0, 16 * cfg.train.batch_size, cfg.train.batch_size):
-        batch = p.fmt.collate(examples[i:i + cfg.train.batch_size], built.task.task_kind)
-        batch.pop("examples", None)
-        batch["ignore"] = batch["targets"].masked_fill(~batch["loss_mask"], -100)  # ignored by cross_entropy
-        batches.append(batch)
+    batches = collated(p, build(p), cfg.train.batch_size)
     torch.manual_seed(0)
     plain_model = build(p).model
     plain_thread = Worker()

@@ -20,7 +20,6 @@ import pstats
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 
 def main() -> None:
@@ -32,12 +31,10 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import lightning as L
     import torch
-    import torch.nn.functional as F
-    from step_cost import Batches, config
+    from step_cost import Batches, bare_module, collated, config
 
     from harness.config import parse_run_config
     from harness.run.build import build
-    from harness.run.optim import make_optimizer
     from harness.run.pipeline import train
     from harness.run.plan import load_registry, plan
 
@@ -47,33 +44,14 @@ def main() -> None:
     cfg = parse_run_config(config("tiny", n, None))
     p = plan(cfg, load_registry(cfg, None))
     built = build(p)
-    examples = built.task.examples("train", built.task.train_length)
-    batches = []
-    for i in range(0, 16 * cfg.train.batch_size, cfg.train.batch_size):
-        b = p.fmt.collate(examples[i:i + cfg.train.batch_size], built.task.task_kind)
-        b.pop("examples", None)
-        b["ignore"] = b["targets"].masked_fill(~b["loss_mask"], -100)
-        batches.append(b)
-    model, fmt, t = built.model, p.fmt, cfg.train
-
-    class Bare(L.LightningModule):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch: Any, idx: int) -> Any:
-            logits = fmt.call(self.model, batch)
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["ignore"].reshape(-1))
-
-        def configure_optimizers(self) -> Any:
-            opt, sched = make_optimizer(self.model, t)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    batches = collated(p, built, cfg.train.batch_size)
+    t = cfg.train
 
     def bare() -> None:
         trainer = L.Trainer(max_steps=n, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=t.grad_clip,
                             num_sanity_val_steps=0, limit_val_batches=0)
-        trainer.fit(Bare(), train_dataloaders=Batches([batches[i % 16] for i in range(n)]))
+        trainer.fit(bare_module(built.model, p.fmt, t), train_dataloaders=Batches([batches[i % 16] for i in range(n)]))
 
     def harness() -> None:
         train(config("tiny", n, None))
