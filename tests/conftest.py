@@ -8,7 +8,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
+
+# The Ctrl-C tests send SIGINT to the commands they start, as a terminal would. A shell that
+# starts pytest in the background without job control (`cmd &` in a script, nohup) ignores
+# SIGINT for it, and an ignored signal stays ignored in every process started below, so those
+# commands would never see the press: Python's own handler back, as in a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

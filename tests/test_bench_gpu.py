@@ -124,6 +124,22 @@ def test_a_section_over_its_cap_is_stopped_and_its_finished_rows_kept(tmp_path, 
     assert "| ceiling | mixer:gla | reference | 64 | 1 |" in (tmp_path / "r" / "proof.md").read_text()
 
 
+def test_a_section_hears_sigint_even_when_the_proof_was_started_with_it_ignored():
+    """A background job of a script starts with SIGINT ignored, and an ignored signal stays
+    ignored in its children: the section's processes get Python's own handler back."""
+    import signal
+
+    from harness.bench import proof
+
+    check = "import signal, sys; sys.exit(0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler else 3)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code, _ = proof.run_group([sys.executable, "-c", check], 60.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 0
+
+
 def test_tests_stopped_at_their_cap_are_interrupted_so_junit_names_those_that_ran(tmp_path, monkeypatch):
     """At the cap pytest gets SIGINT first and writes its JUnit file (the tests that finished,
     named), then SIGKILL if it lingers; before, SIGKILL alone left no file."""

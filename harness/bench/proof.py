@@ -172,7 +172,11 @@ def run_group(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
     SIGINT first when ``interrupt_first`` (pytest then writes its reports) and SIGKILL after
     :data:`SIGINT_GRACE_S`. Returns its exit code (None: stopped) and seconds."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    # SIGINT at its default in the group even when the proof was started with it ignored (a
+    # background job of a script): an ignored signal would stay ignored there, and pytest would
+    # never write its report before the SIGKILL
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         code: int | None = proc.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
