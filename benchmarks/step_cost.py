@@ -74,6 +74,18 @@ def config(shape: str, steps: int, log_every: int | None) -> dict[str, Any]:
     return cfg
 
 
+def single_thread() -> None:
+    """What an in-process measurement of the tiny shape sets first (benchmarks/step_cost/):
+    a store of its own unless HARNESS_HOME names one, one torch thread, no library warnings."""
+    import logging
+
+    import torch
+
+    os.environ.setdefault("HARNESS_HOME", tempfile.mkdtemp())
+    torch.set_num_threads(1)
+    logging.disable(logging.WARNING)
+
+
 # -- in the worker process ------------------------------------------------------------------------
 class Turns:
     """Hands the turn between the main thread and the Lightning thread, one step at a time."""

@@ -12,11 +12,8 @@ run's step time is taken between consecutive ``on_train_batch_start`` calls afte
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,16 +24,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--alternations", type=int, default=4)
     args = parser.parse_args()
-    os.environ.setdefault("HARNESS_HOME", tempfile.mkdtemp())
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
-    from step_cost import config
+    from step_cost import config, single_thread
 
     from harness.run import system
     from harness.run.pipeline import train
 
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
+    single_thread()
     stamps: list[float] = []
     system.HarnessSystem.on_train_batch_start = lambda self, batch, idx: stamps.append(time.perf_counter())
     kept = system.HarnessSystem.__dict__["__setattr__"]

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import logging
-import os
 import pstats
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -27,19 +24,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--top", type=int, default=45)
     args = parser.parse_args()
-    os.environ.setdefault("HARNESS_HOME", tempfile.mkdtemp())
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import lightning as L
-    import torch
-    from step_cost import Batches, bare_module, collated, config
+    from step_cost import Batches, bare_module, collated, config, single_thread
 
     from harness.config import parse_run_config
     from harness.run.build import build
     from harness.run.pipeline import train
     from harness.run.plan import load_registry, plan
 
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
+    single_thread()
     n = args.steps
     cfg = parse_run_config(config("tiny", n, None))
     p = plan(cfg, load_registry(cfg, None))
