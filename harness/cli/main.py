@@ -85,9 +85,9 @@ def report_interrupt(exc: Interrupted) -> int:
 def _preempted(exc: BaseException) -> str:
     """What SIGUSR1 did: the run checkpointed and how to continue it, or, for a study worker
     signalled between trials, that nothing was training."""
-    run_id, step = getattr(exc, "run_id", ""), getattr(exc, "step", None)
+    run_id, step = getattr(exc, "run_id", "") or "RUN_ID", getattr(exc, "step", None)
     code = getattr(exc, "code", 75)
-    if not run_id or step is None:
+    if step is None:
         return (f"harness: SIGUSR1: stopped between runs; nothing was training, so nothing was "
                 f"checkpointed (exit {code}). The same `harness study run` command continues the study.")
     return (f"harness: SIGUSR1: checkpointed run {run_id} at step {step} and stopped (exit {code}); "
